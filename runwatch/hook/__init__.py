@@ -1,0 +1,1 @@
+"""The logging hook: ``Run``, its background writer, and the ``logging.Handler``."""

@@ -1,0 +1,55 @@
+"""Counting what the hook refused or lost, by reason, and warning about it once.
+
+Nothing is dropped silently (sentry-python's habit): every refused call or point is counted
+under a reason, the counts are in ``run.stats()`` and in the store, and the first drop of each
+kind (per metric name, for bad values) is logged with what was wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+log = logging.getLogger("runwatch.hook")
+
+DROP_REASONS: dict[str, str] = {
+    "queue_full": "the writer fell behind and the log queue was full",
+    "worker_dead": "the writer thread was not running (interpreter shutting down?)",
+    "finished": "the run was already finished",
+    "forked_child": "logged from a forked child process (call runwatch.init() there)",
+    "not_a_dict": "run.log() was given something that is not a dict",
+    "bad_step": "the step was not a non-negative integer",
+    "bad_name": "the metric name was empty, too long or had control characters",
+    "bad_value": "the value was not a number",
+    "store_error": "the store refused the write after retries (locked, read-only, full?)",
+    "store_gone": "the store file was deleted while the run was writing",
+}
+
+
+class DropCounter:
+    """Counts by reason; ``warn_once`` logs the first occurrence of each key."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, reason: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[reason] = self._counts.get(reason, 0) + n
+
+    def warn_once(self, key: str, message: str, *args: object) -> None:
+        """Log ``message`` at WARNING the first time ``key`` is seen."""
+        with self._lock:
+            if key in self._warned:
+                return
+            self._warned.add(key)
+        log.warning(message, *args)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self._counts.values())

@@ -1,0 +1,292 @@
+"""``runwatch.init()`` and the ``Run`` it returns: the logging hook in the training loop.
+
+``run.log`` is the hot path and does the least possible (sentry-python's habit): it computes
+the step, checks one bound, copies the dict and puts it on an unbounded ``SimpleQueue`` whose
+size it tracks itself (``Queue`` with a real bound costs a lock and a condition per call, five
+times the budget). It never blocks and never raises into the training loop: a full queue, a
+finished run or a forked child count the call as dropped, by reason. Values are checked in the
+writer thread, so a tensor is read there (``.item()``) -- log ``loss.detach()`` rather than a
+tensor you update in place.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from runwatch.hook.drops import DROP_REASONS, DropCounter
+from runwatch.hook.writer import STOP, Flow, Writer
+from runwatch.model import EVENT_KINDS, Event
+from runwatch.store import DEFAULT_STORE, RunExistsError, Store, StoreError
+
+log = logging.getLogger("runwatch.hook")
+
+_now = time.time
+_current: Run | None = None
+_live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
+
+
+def current_run() -> Run | None:
+    """The run most recently started by :func:`init` and not yet finished."""
+    return _current
+
+
+class Run:
+    """A training run being logged; create it with :func:`runwatch.init`."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        project: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        store: str | os.PathLike[str] = DEFAULT_STORE,
+        resume: bool | None = None,
+        labels: Mapping[str, Any] | None = None,
+        max_pending_points: int = 2_000_000,
+        flush_interval: float = 0.25,
+        finish_timeout: float = 60.0,
+        sink_factory: Callable[[Run], Any] | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"run name must be a non-empty str, got {name!r}")
+        self.name = name
+        self.project = project
+        self.config = dict(config or {})
+        self.store_path = os.fspath(store)
+        self._finish_timeout = finish_timeout
+        self._drops = DropCounter()
+        self._flow = Flow()
+        self._max_pending = max_pending_points
+        self._next_step = 0
+        self._accepting = False
+        self._closed_reason = "worker_dead"
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._put = self._queue.put
+        self._writer: Writer | None = None
+        self._store: Store | None = None
+        self.run_id: int | None = None
+        self._finished = False
+        self._pid = os.getpid()
+        try:
+            self._store = Store(self.store_path, busy_timeout_s=1.0)
+            self.run_id, attempt = self._store.start_run(
+                name, project=project, config=self.config, resume=resume
+            )
+        except RunExistsError:
+            raise
+        except (StoreError, OSError, Exception) as exc:  # the run must go on without us
+            self._closed_reason = "store_error"
+            log.error("runwatch: cannot open the store %s (%s); this run will not be "
+                      "recorded, its points are counted as dropped (store_error)",
+                      self.store_path, exc)
+            return
+        sink = sink_factory(self) if sink_factory is not None else None
+        self._writer = Writer(
+            log_queue=self._queue,
+            store=self._store,
+            run_id=self.run_id,
+            attempt=attempt,
+            labels=dict(labels or {}),
+            flow=self._flow,
+            drops=self._drops,
+            flush_interval=flush_interval,
+            sink=sink,
+        )
+        try:
+            self._writer.start()
+        except RuntimeError as exc:  # interpreter shutting down: disabled, not a crash
+            log.warning("runwatch: cannot start the writer thread (%s); run disabled", exc)
+            return
+        self._accepting = True
+        _live_runs.add(self)
+
+    # -- the hot path ------------------------------------------------------------------------
+    def log(self, data: Mapping[str, Any], step: int | None = None) -> None:
+        """Record metrics at ``step`` (default: the last step + 1), like ``wandb.log``.
+
+        Returns at once; never raises. Values may be int, float, bool, NumPy scalars or
+        one-element tensors; NaN and Inf are stored as they are.
+        """
+        try:
+            if step is None:
+                step = self._next_step
+            self._next_step = step + 1
+            n = len(data)
+            if not self._accepting:
+                self._drops.add(self._closed_reason, n)
+                return
+            flow = self._flow
+            queued = flow.queued + n
+            if queued - flow.drained > self._max_pending:
+                self._drops.add("queue_full", n)
+                return
+            flow.queued = queued
+            self._put((step, _now(), data.copy()))
+        except Exception:
+            self._refuse_call(data, step)
+
+    def _refuse_call(self, data: object, step: object) -> None:
+        try:
+            if isinstance(data, Mapping) and self._accepting:
+                # a Mapping without .copy(): take the slow path
+                self._flow.queued += len(data)
+                self._put((step, _now(), dict(data)))
+                return
+            self._drops.add("not_a_dict" if not isinstance(data, Mapping) else "bad_step")
+            self._drops.warn_once("call", "runwatch: run.log() needs a dict of metrics and an "
+                                  "integer step; got %s (step %r); dropped (not_a_dict)",
+                                  type(data).__name__, step)
+        except Exception:  # never raise into the training loop
+            self._drops.add("not_a_dict")
+
+    # -- the rest of the API -----------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """The step the next ``log`` without ``step=`` will use."""
+        return int(self._next_step)
+
+    def event(self, kind: str, step: int | None = None, message: str = "",
+              **attrs: Any) -> None:
+        """Record an event (checkpoint, crash, xid, note, ...) at ``step`` (default: current)."""
+        if kind not in EVENT_KINDS:
+            raise ValueError(f"unknown event kind {kind!r}; valid: {', '.join(EVENT_KINDS)}")
+        if not self._accepting:
+            return
+        rank = attrs.pop("rank", None)
+        host = attrs.pop("host", None)
+        at = max(self._next_step - 1, 0) if step is None else int(step)
+        self._put(Event(kind, at, _now(), str(message), rank, host, attrs))
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Block until everything logged so far is written; True if it was in time."""
+        if not self._accepting or self._writer is None:
+            return False
+        done = threading.Event()
+        self._put(done)
+        return done.wait(timeout)
+
+    def stats(self) -> dict[str, Any]:
+        """Counts: points logged, written, pending, dropped by reason; attempt and step."""
+        flow = self._flow
+        return {
+            "logged": flow.queued,
+            "written": flow.written,
+            "pending": flow.queued - flow.drained,
+            "dropped": self._drops.snapshot(),
+            "attempt": self._writer.attempt if self._writer else None,
+            "step": self.step,
+        }
+
+    def finish(self, timeout: float | None = None, *, status: str = "finished") -> None:
+        """Flush what is pending (waiting up to ``timeout`` s), close the run and the store."""
+        global _current
+        if self._finished or os.getpid() != self._pid:
+            return
+        self._finished = True
+        self._accepting = False
+        self._closed_reason = "finished"
+        timeout = self._finish_timeout if timeout is None else timeout
+        writer = self._writer
+        if writer is not None and writer.is_alive():
+            self._put(STOP)
+            writer.join(min(0.5, timeout))
+            if writer.is_alive():
+                pending = self._flow.queued - self._flow.drained
+                log.info("runwatch: %d points pending, waiting up to %.0f s", pending, timeout)
+                writer.join(max(0.0, timeout - 0.5))
+            if writer.is_alive():
+                lost = self._flow.queued - self._flow.written
+                log.warning("runwatch: finish timed out after %.1f s; %d points not written",
+                            timeout, lost)
+                self._drops.add("queue_full", lost)
+        self._close_store(status)
+        if _current is self:
+            _current = None
+        _live_runs.discard(self)
+
+    def _close_store(self, status: str) -> None:
+        dropped = self._drops.snapshot()
+        if dropped:
+            detail = ", ".join(f"{n} {reason} ({DROP_REASONS.get(reason, reason)})"
+                               for reason, n in sorted(dropped.items()))
+            log.warning("runwatch: run %r dropped points: %s", self.name, detail)
+        store, writer = self._store, self._writer
+        if store is None or self.run_id is None or (writer is not None and writer.is_alive()):
+            return
+        try:
+            store.add_events(self.run_id, writer.attempt if writer else None,
+                             [Event("finish", writer.last_step if writer else None, _now(),
+                                    status)])
+            store.record_drops(self.run_id, dropped)
+            store.set_run_status(self.run_id, status)
+            store.close()
+        except Exception as exc:
+            log.warning("runwatch: could not record the end of run %r: %s", self.name, exc)
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        if exc is not None and self._accepting and not isinstance(exc, KeyboardInterrupt):
+            self.event("crash", message=f"{exc_type.__name__ if exc_type else ''}: {exc}")
+            self.finish(status="crashed")
+        else:
+            self.finish()
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child (DataLoader worker), the writer thread does not exist."""
+        self._accepting = False
+        self._closed_reason = "forked_child"
+        self._queue = queue.SimpleQueue()
+        self._put = self._queue.put
+
+
+def init(
+    name: str | None = None,
+    *,
+    project: str | None = None,
+    config: Mapping[str, Any] | None = None,
+    store: str | os.PathLike[str] | None = None,
+    resume: bool | None = None,
+    **options: Any,
+) -> Run:
+    """Start (or resume, as a new attempt) a monitored run and return it.
+
+    ``store`` defaults to ``$RUNWATCH_STORE`` or ``runwatch.db`` in the working directory.
+    A run of the same name resumes as a new attempt unless ``resume=False``.
+    """
+    global _current
+    if name is None:
+        name = os.environ.get("RUNWATCH_RUN") or f"run-{time.strftime('%Y%m%d-%H%M%S')}"
+    path = store if store is not None else os.environ.get("RUNWATCH_STORE", DEFAULT_STORE)
+    run = Run(name, project=project, config=config, store=path, resume=resume, **options)
+    _current = run
+    return run
+
+
+def _finish_all_at_exit() -> None:
+    """At interpreter exit: record an uncaught exception as a crash, then finish every run."""
+    crash = getattr(sys, "last_value", None)
+    for run in list(_live_runs):
+        if crash is not None:
+            run.event("crash", message=f"{type(crash).__name__}: {crash}")
+        run.finish(status="crashed" if crash is not None else "finished")
+
+
+def _after_fork_in_child() -> None:
+    for run in list(_live_runs):
+        run._after_fork_in_child()
+
+
+atexit.register(_finish_all_at_exit)
+os.register_at_fork(after_in_child=_after_fork_in_child)

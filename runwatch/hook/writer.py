@@ -1,0 +1,263 @@
+"""The writer thread: drains the log queue, checks and batches points, writes the store.
+
+Everything ``run.log`` skipped happens here: step and name checks, value coercion (including
+``.item()`` on tensors), grouping by series, restart detection (a step lower than the last
+starts a new attempt), and one store transaction per flush. A flush happens every
+``flush_interval`` seconds or when ``max_batch_points`` are buffered, so a point waits at most
+about ``flush_interval`` plus one write before it is durable.
+
+A store that fails (locked, read-only, full disk) is retried with backoff a bounded number of
+times; then the batch is dropped and counted, and the run goes on. A store file that was
+deleted is detected before each write (SQLite would otherwise write happily into the unlinked
+file and the points would vanish with it).
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import os
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from runwatch.hook.drops import DropCounter
+from runwatch.hook.values import RefusedValue, name_problem, to_float
+from runwatch.model import Event
+from runwatch.store import Store, StoreError
+
+log = logging.getLogger("runwatch.hook")
+
+STOP = object()
+"""Sentinel that ends the writer after a final flush."""
+
+_REFUSED_NAME = object()
+
+BatchSink = Callable[[dict[str, Any], list[Event]], None]
+"""Called after each successful write with {metric: (labels, steps, times, values)}, events."""
+
+
+class Flow:
+    """Counters shared by the training thread (``queued``) and the writer (``drained``)."""
+
+    __slots__ = ("drained", "queued", "written")
+
+    def __init__(self) -> None:
+        self.queued = 0
+        self.drained = 0
+        self.written = 0
+
+
+class _SeriesBuffer:
+    __slots__ = ("series_id", "steps", "times", "values")
+
+    def __init__(self, series_id: int) -> None:
+        self.series_id = series_id
+        self.steps: list[int] = []
+        self.times: list[float] = []
+        self.values: list[float] = []
+
+
+class Writer(threading.Thread):
+    """Background thread owning the run's store connection (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        log_queue: queue.SimpleQueue[Any],
+        store: Store,
+        run_id: int,
+        attempt: int,
+        labels: dict[str, Any],
+        flow: Flow,
+        drops: DropCounter,
+        flush_interval: float = 0.25,
+        max_batch_points: int = 250_000,
+        retries: int = 3,
+        retry_backoff: float = 0.1,
+        sink: BatchSink | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(name="runwatch-writer", daemon=True)
+        self._queue = log_queue
+        self._store = store
+        self._run_id = run_id
+        self.attempt = attempt
+        self._labels = labels
+        self._flow = flow
+        self._drops = drops
+        self._flush_interval = flush_interval
+        self._max_batch = max_batch_points
+        self._retries = retries
+        self._backoff = retry_backoff
+        self._sink = sink
+        self._clock = clock
+        self._buffers: dict[str, Any] = {}
+        self._events: list[Event] = []
+        self._buffered = 0
+        self.last_step: int | None = None
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self) -> None:
+        get = self._queue.get
+        get_nowait = self._queue.get_nowait
+        next_flush = self._clock() + self._flush_interval
+        while True:
+            try:
+                item = get(timeout=max(0.0, next_flush - self._clock()))
+            except queue.Empty:
+                item = None
+            try:
+                while item is not None:
+                    if item is STOP:
+                        self._flush()
+                        return
+                    self._take(item)
+                    if self._buffered >= self._max_batch:
+                        break
+                    try:
+                        item = get_nowait()
+                    except queue.Empty:
+                        item = None
+                if self._clock() >= next_flush or self._buffered >= self._max_batch:
+                    self._flush()
+                    next_flush = self._clock() + self._flush_interval
+            except Exception:  # a runwatch bug must never kill the training run
+                log.exception("runwatch writer: internal error; continuing")
+
+    def _take(self, item: Any) -> None:
+        if type(item) is tuple:
+            step, stamp, data = item
+            self._take_log(step, stamp, data)
+        elif isinstance(item, Event):
+            self._events.append(item)
+        elif isinstance(item, threading.Event):  # a flush request from run.flush()
+            self._flush()
+            item.set()
+
+    def _take_log(self, step: Any, stamp: float, data: dict[Any, Any]) -> None:
+        n = len(data)
+        self._flow.drained += n
+        if type(step) is not int:
+            try:
+                step = operator.index(step.item() if hasattr(step, "item") else step)
+            except (TypeError, ValueError, RuntimeError):
+                self._refuse_step(step, n)
+                return
+        if step < 0:
+            self._refuse_step(step, n)
+            return
+        if self.last_step is not None and step < self.last_step:
+            self._restart(step)
+        self.last_step = step
+        buffers = self._buffers
+        for name, value in data.items():
+            buf = buffers.get(name)
+            if buf is None:
+                buf = self._new_buffer(name)
+            if buf is _REFUSED_NAME:
+                self._drops.add("bad_name")
+                continue
+            if type(value) is not float:
+                try:
+                    value = to_float(value)
+                except RefusedValue as refused:
+                    self._drops.add("bad_value")
+                    self._drops.warn_once(
+                        f"value:{name}",
+                        "runwatch: metric %r got a %s, not a number; dropped and counted "
+                        "(bad_value) now and every time it happens again",
+                        name,
+                        refused.kind,
+                    )
+                    continue
+            buf.steps.append(step)
+            buf.times.append(stamp)
+            buf.values.append(value)
+        self._buffered += n
+
+    def _refuse_step(self, step: Any, n: int) -> None:
+        self._drops.add("bad_step", n)
+        self._drops.warn_once(
+            "step", "runwatch: step %r is not a non-negative integer; that call's %d points "
+            "were dropped (bad_step)", step, n)
+
+    def _new_buffer(self, name: Any) -> Any:
+        problem = name_problem(name)
+        if problem is not None:
+            self._buffers[name] = _REFUSED_NAME
+            self._drops.warn_once(f"name:{name!r}", "runwatch: metric name %r %s; its points are "
+                                  "dropped (bad_name)", name, problem)
+            return _REFUSED_NAME
+        buf = _SeriesBuffer(self._store.series_id(self._run_id, name, self._labels))
+        self._buffers[name] = buf
+        return buf
+
+    def _restart(self, step: int) -> None:
+        """The step went back: the process resumed from a checkpoint; start a new attempt."""
+        self._flush()
+        previous = self.last_step
+        message = f"step went back from {previous} to {step}: new attempt (restart)"
+        try:
+            self.attempt = self._store.begin_attempt(self._run_id, step, "restart",
+                                                     message=message)
+        except (sqlite3.Error, StoreError) as exc:
+            self.attempt += 1
+            log.warning("runwatch: could not record the restart in the store: %s", exc)
+        log.info("runwatch: %s", message)
+
+    # -- flushing ----------------------------------------------------------------------------
+    def _flush(self) -> None:
+        batch: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        by_name: dict[str, Any] = {}
+        for name, buf in self._buffers.items():
+            if buf is _REFUSED_NAME or not buf.steps:
+                continue
+            arrays = (
+                np.fromiter(buf.steps, dtype=np.int64, count=len(buf.steps)),
+                np.fromiter(buf.times, dtype=np.float64, count=len(buf.times)),
+                np.fromiter(buf.values, dtype=np.float64, count=len(buf.values)),
+            )
+            batch[buf.series_id] = arrays
+            by_name[name] = (self._labels, *arrays)
+            buf.steps, buf.times, buf.values = [], [], []
+        events, self._events = self._events, []
+        self._buffered = 0
+        if not batch and not events:
+            return
+        n_points = sum(len(a[0]) for a in batch.values())
+        if self._write_with_retries(batch, events, n_points):
+            self._flow.written += n_points
+            if self._sink is not None:
+                try:
+                    self._sink(by_name, events)
+                except Exception:
+                    log.exception("runwatch: monitor failed on a batch; continuing")
+
+    def _write_with_retries(self, batch: dict[int, Any], events: list[Event], n: int) -> bool:
+        if not os.path.exists(self._store.path):
+            self._drops.add("store_gone", n)
+            self._drops.warn_once("store_gone", "runwatch: the store %s was deleted while the "
+                                  "run was writing; points are dropped and counted (store_gone)",
+                                  self._store.path)
+            return False
+        delay = self._backoff
+        for attempt in range(self._retries + 1):
+            try:
+                self._store.write(self._run_id, self.attempt, batch, events)
+                return True
+            except (sqlite3.Error, StoreError) as exc:
+                last_error = exc
+                if attempt < self._retries:
+                    time.sleep(delay)
+                    delay *= 2
+        self._drops.add("store_error", n)
+        self._drops.warn_once(f"store_error:{last_error}", "runwatch: could not write %d points "
+                              "to %s after %d retries (%s); dropped and counted (store_error)",
+                              n, self._store.path, self._retries, last_error)
+        return False

@@ -1,0 +1,104 @@
+"""The data model's shared records (DESIGN.md, "Data model").
+
+These small dataclasses are the contract between the hook, the store, the detectors and the
+command line: every module that hands an event or an anomaly to another uses these, so a
+field renamed here is renamed everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
+"""Anomaly severities, lowest first; the index is the rank used by ``--fail-on``."""
+
+EVENT_KINDS: tuple[str, ...] = (
+    "start",
+    "resume",
+    "checkpoint",
+    "crash",
+    "hang",
+    "restart",
+    "xid",
+    "oom",
+    "nccl_timeout",
+    "note",
+    "finish",
+    "log",
+)
+"""Event kinds the store accepts; ``log`` is a WARNING-or-worse record from LoggingHandler."""
+
+RUN_STATUSES: tuple[str, ...] = ("running", "finished", "crashed", "stalled")
+
+LABEL_KEYS: tuple[str, ...] = ("rank", "host", "gpu")
+"""Series labels, as in Prometheus; a series is a metric name plus these."""
+
+
+def severity_rank(severity: str) -> int:
+    """Return the order of ``severity`` (info=0 < warning=1 < critical=2).
+
+    >>> severity_rank("warning") > severity_rank("info")
+    True
+    """
+    try:
+        return SEVERITIES.index(severity)
+    except ValueError:
+        raise ValueError(
+            f"unknown severity {severity!r}; valid values: {', '.join(SEVERITIES)}"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Something that happened to the run at a step: a checkpoint, a crash, an XID, a note."""
+
+    kind: str
+    step: int | None
+    time: float
+    message: str = ""
+    rank: int | None = None
+    host: str | None = None
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Anomaly:
+    """An anomaly *episode*: it opens at ``start_step``, may grow, and closes.
+
+    ``expected``/``lower``/``upper`` are None where the detector has no expectation.
+    ``labels`` holds the series labels (rank, host, gpu) that apply.
+    """
+
+    detector: str
+    metric: str
+    start_step: int
+    end_step: int
+    severity: str
+    score: float
+    observed: float | None
+    message: str
+    labels: dict[str, Any] = field(default_factory=dict)
+    expected: float | None = None
+    lower: float | None = None
+    upper: float | None = None
+    is_open: bool = True
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json_dict(self, run: str) -> dict[str, Any]:
+        """The ``runwatch analyze --format json`` object (DESIGN.md): a public contract."""
+        return {
+            "run": run,
+            "detector": self.detector,
+            "metric": self.metric,
+            "labels": dict(self.labels),
+            "start_step": self.start_step,
+            "end_step": self.end_step,
+            "severity": self.severity,
+            "score": self.score,
+            "observed": self.observed,
+            "expected": self.expected,
+            "lower": self.lower,
+            "upper": self.upper,
+            "message": self.message,
+        }

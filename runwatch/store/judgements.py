@@ -1,0 +1,144 @@
+"""Anomalies and the verdicts people give them: the store's judgement tables.
+
+Anomalies are stored by ``source``: ``live`` for what the in-process or server Monitor found
+while the run was written, ``replay`` for what ``runwatch analyze`` found. A replay replaces
+the run's earlier replay results (so re-running analyze never piles up duplicates) and leaves
+live anomalies and every verdict alone.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import pandas as pd
+
+from runwatch.model import Anomaly, severity_rank
+
+VERDICTS = ("benign", "real", "watch")
+ANOMALY_SOURCES = ("live", "replay")
+
+
+def _anomaly_row(anomaly: Anomaly) -> tuple[Any, ...]:
+    return (
+        anomaly.detector,
+        anomaly.metric,
+        json.dumps(anomaly.labels, sort_keys=True, default=str),
+        anomaly.start_step,
+        anomaly.end_step,
+        anomaly.severity,
+        anomaly.score,
+        anomaly.observed,
+        anomaly.expected,
+        anomaly.lower,
+        anomaly.upper,
+        anomaly.message,
+        int(anomaly.is_open),
+        json.dumps(anomaly.details, default=str),
+    )
+
+
+class JudgementTables:
+    """Mixin for :class:`runwatch.store.sqlite.Store`: anomalies and verdicts."""
+
+    _conn: sqlite3.Connection
+
+    def save_anomalies(self, run_id: int, source: str, anomalies: Iterable[Anomaly],
+                       ids: dict[int, int] | None = None, *, replace: bool = False) -> None:
+        """Insert or update anomalies of a run in one transaction.
+
+        ``ids`` maps ``id(anomaly)`` to its row id, so an episode that is still open is
+        updated in place as it grows; pass the same dict on every call. ``replace=True``
+        first deletes the run's earlier anomalies from this source (and their verdicts stay
+        only if they point at live anomalies).
+        """
+        if source not in ANOMALY_SOURCES:
+            raise ValueError(f"unknown anomaly source {source!r}; valid: {ANOMALY_SOURCES}")
+        ids = {} if ids is None else ids
+        now = time.time()
+        with self.transaction() as conn:  # type: ignore[attr-defined]
+            if replace:
+                conn.execute(
+                    "DELETE FROM verdicts WHERE anomaly_id IN (SELECT id FROM anomalies "
+                    "WHERE run_id = ? AND source = ?)", (run_id, source))
+                conn.execute("DELETE FROM anomalies WHERE run_id = ? AND source = ?",
+                             (run_id, source))
+            for anomaly in anomalies:
+                row = _anomaly_row(anomaly)
+                known = ids.get(id(anomaly))
+                if known is None:
+                    cur = conn.execute(
+                        "INSERT INTO anomalies (run_id, source, detector, metric, labels, "
+                        "start_step, end_step, severity, score, observed, expected, lower, upper, "
+                        "message, is_open, details, created, updated) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (run_id, source, *row, now, now))
+                    ids[id(anomaly)] = int(cur.lastrowid)  # type: ignore[arg-type]
+                else:
+                    conn.execute(
+                        "UPDATE anomalies SET detector = ?, metric = ?, labels = ?, "
+                        "start_step = ?, end_step = ?, severity = ?, score = ?, observed = ?, "
+                        "expected = ?, lower = ?, upper = ?, message = ?, is_open = ?, "
+                        "details = ?, updated = ? WHERE id = ?", (*row, now, known))
+
+    def anomalies(self, run: str | int | None = None, *, source: str | None = None,
+                  min_severity: str | None = None) -> pd.DataFrame:
+        """Anomalies (with the run name and the latest verdict on each), newest step last."""
+        sql = """
+            SELECT a.id, r.name AS run, a.source, a.detector, a.metric, a.labels, a.start_step,
+                   a.end_step, a.severity, a.score, a.observed, a.expected, a.lower, a.upper,
+                   a.message, a.is_open, a.details,
+                   (SELECT v.verdict FROM verdicts v WHERE v.anomaly_id = a.id
+                     ORDER BY v.time DESC, v.id DESC LIMIT 1) AS verdict
+            FROM anomalies a JOIN runs r ON r.id = a.run_id WHERE 1 = 1"""
+        params: list[Any] = []
+        if run is not None:
+            sql += " AND a.run_id = ?"
+            params.append(self._resolve(run))  # type: ignore[attr-defined]
+        if source is not None:
+            sql += " AND a.source = ?"
+            params.append(source)
+        with self._lock:  # type: ignore[attr-defined]
+            frame = pd.read_sql_query(sql + " ORDER BY a.start_step, a.id", self._conn,
+                                      params=params)
+        if min_severity is not None:
+            floor = severity_rank(min_severity)
+            frame = frame[frame["severity"].map(severity_rank) >= floor].reset_index(drop=True)
+        frame["labels"] = frame["labels"].map(json.loads)
+        frame["details"] = frame["details"].map(json.loads)
+        frame["is_open"] = frame["is_open"].astype(bool)
+        return frame
+
+    def add_verdict(self, verdict: str, *, anomaly_id: int | None = None,
+                    incident_id: int | None = None, note: str = "",
+                    author: str | None = None) -> int:
+        """Store a person's judgement (benign / real / watch) on an anomaly or incident."""
+        if verdict not in VERDICTS:
+            raise ValueError(f"unknown verdict {verdict!r}; valid: {', '.join(VERDICTS)}")
+        if (anomaly_id is None) == (incident_id is None):
+            raise ValueError("give exactly one of anomaly_id and incident_id")
+        with self.transaction() as conn:  # type: ignore[attr-defined]
+            table, noun, key = (
+                ("anomalies", "anomaly", anomaly_id)
+                if anomaly_id is not None
+                else ("incidents", "incident", incident_id)
+            )
+            if conn.execute(f"SELECT 1 FROM {table} WHERE id = ?", (key,)).fetchone() is None:
+                raise KeyError(f"no {noun} with id {key}")
+            cur = conn.execute(
+                "INSERT INTO verdicts (anomaly_id, incident_id, verdict, note, author, time) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (anomaly_id, incident_id, verdict, note, author, time.time()))
+            return int(cur.lastrowid)  # type: ignore[arg-type]
+
+    def verdicts(self, anomaly_id: int | None = None) -> pd.DataFrame:
+        sql = "SELECT id, anomaly_id, incident_id, verdict, note, author, time FROM verdicts"
+        params: tuple[Any, ...] = ()
+        if anomaly_id is not None:
+            sql += " WHERE anomaly_id = ?"
+            params = (anomaly_id,)
+        with self._lock:  # type: ignore[attr-defined]
+            return pd.read_sql_query(sql + " ORDER BY time, id", self._conn, params=params)

@@ -1,0 +1,172 @@
+"""The SQLite schema and its forward migrations.
+
+The schema version lives in ``PRAGMA user_version``. ``MIGRATIONS[i]`` takes a store from
+version ``i`` to ``i + 1``; a store opened by a newer runwatch is migrated in place, in one
+transaction, and a store from a *newer* runwatch than this one is refused (we cannot know what
+its tables mean). Never edit a released migration: append a new one.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+_V1 = """
+CREATE TABLE runs (
+    id          INTEGER PRIMARY KEY,
+    name        TEXT NOT NULL UNIQUE,
+    project     TEXT,
+    config      TEXT NOT NULL DEFAULT '{}',
+    status      TEXT NOT NULL DEFAULT 'running',
+    start_time  REAL NOT NULL,
+    end_time    REAL,
+    last_step   INTEGER,
+    last_time   REAL
+);
+CREATE TABLE attempts (
+    run_id      INTEGER NOT NULL REFERENCES runs(id),
+    attempt     INTEGER NOT NULL,
+    start_step  INTEGER,
+    start_time  REAL NOT NULL,
+    reason      TEXT NOT NULL,
+    PRIMARY KEY (run_id, attempt)
+) WITHOUT ROWID;
+CREATE TABLE series (
+    id          INTEGER PRIMARY KEY,
+    run_id      INTEGER NOT NULL REFERENCES runs(id),
+    metric      TEXT NOT NULL,
+    labels      TEXT NOT NULL DEFAULT '{}',
+    UNIQUE (run_id, metric, labels)
+);
+-- Points live in compressed blocks (codec.py); sealed = 1 once a block is full-sized.
+CREATE TABLE point_blocks (
+    id          INTEGER PRIMARY KEY,
+    series_id   INTEGER NOT NULL REFERENCES series(id),
+    attempt     INTEGER NOT NULL,
+    min_step    INTEGER NOT NULL,
+    max_step    INTEGER NOT NULL,
+    n           INTEGER NOT NULL,
+    sealed      INTEGER NOT NULL,
+    data        BLOB NOT NULL
+);
+CREATE INDEX point_blocks_by_series ON point_blocks (series_id, min_step);
+CREATE TABLE events (
+    id          INTEGER PRIMARY KEY,
+    run_id      INTEGER NOT NULL REFERENCES runs(id),
+    attempt     INTEGER,
+    kind        TEXT NOT NULL,
+    step        INTEGER,
+    time        REAL NOT NULL,
+    rank        INTEGER,
+    host        TEXT,
+    message     TEXT NOT NULL DEFAULT '',
+    attrs       TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX events_by_run ON events (run_id, time);
+CREATE TABLE anomalies (
+    id          INTEGER PRIMARY KEY,
+    run_id      INTEGER NOT NULL REFERENCES runs(id),
+    source      TEXT NOT NULL,          -- 'live' (hook/serve) or 'replay' (runwatch analyze)
+    detector    TEXT NOT NULL,
+    metric      TEXT NOT NULL,
+    labels      TEXT NOT NULL DEFAULT '{}',
+    start_step  INTEGER NOT NULL,
+    end_step    INTEGER NOT NULL,
+    severity    TEXT NOT NULL,
+    score       REAL,
+    observed    REAL,
+    expected    REAL,
+    lower       REAL,
+    upper       REAL,
+    message     TEXT NOT NULL,
+    is_open     INTEGER NOT NULL,
+    details     TEXT NOT NULL DEFAULT '{}',
+    created     REAL NOT NULL,
+    updated     REAL NOT NULL
+);
+CREATE INDEX anomalies_by_run ON anomalies (run_id, source, start_step);
+CREATE TABLE incidents (
+    id          INTEGER PRIMARY KEY,
+    run_id      INTEGER NOT NULL REFERENCES runs(id),
+    status      TEXT NOT NULL DEFAULT 'open',
+    title       TEXT NOT NULL,
+    hypotheses  TEXT NOT NULL DEFAULT '[]',
+    created     REAL NOT NULL,
+    updated     REAL NOT NULL
+);
+CREATE TABLE incident_members (
+    incident_id INTEGER NOT NULL REFERENCES incidents(id),
+    anomaly_id  INTEGER REFERENCES anomalies(id),
+    event_id    INTEGER REFERENCES events(id)
+);
+CREATE TABLE verdicts (
+    id          INTEGER PRIMARY KEY,
+    anomaly_id  INTEGER REFERENCES anomalies(id),
+    incident_id INTEGER REFERENCES incidents(id),
+    verdict     TEXT NOT NULL CHECK (verdict IN ('benign', 'real', 'watch')),
+    note        TEXT NOT NULL DEFAULT '',
+    author      TEXT,
+    time        REAL NOT NULL
+);
+CREATE TABLE alert_outbox (
+    id          INTEGER PRIMARY KEY,
+    idempotency_key TEXT NOT NULL UNIQUE,
+    channel     TEXT NOT NULL,
+    payload     TEXT NOT NULL,
+    status      TEXT NOT NULL DEFAULT 'pending',
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    next_try    REAL NOT NULL,
+    created     REAL NOT NULL,
+    last_error  TEXT
+);
+CREATE INDEX alert_outbox_pending ON alert_outbox (status, next_try);
+CREATE TABLE alert_attempts (
+    outbox_id   INTEGER NOT NULL REFERENCES alert_outbox(id),
+    time        REAL NOT NULL,
+    ok          INTEGER NOT NULL,
+    detail      TEXT
+);
+CREATE TABLE drops (
+    run_id      INTEGER NOT NULL REFERENCES runs(id),
+    reason      TEXT NOT NULL,
+    count       INTEGER NOT NULL,
+    PRIMARY KEY (run_id, reason)
+) WITHOUT ROWID;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1,)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class SchemaTooNewError(RuntimeError):
+    """The store was written by a newer runwatch whose schema this one does not know."""
+
+    def __init__(self, path: str, found: int) -> None:
+        super().__init__(
+            f"{path}: store schema version {found} is newer than this runwatch understands "
+            f"({SCHEMA_VERSION}); upgrade runwatch to open it"
+        )
+        self.path = path
+        self.found = found
+
+
+def migrate(conn: sqlite3.Connection, path: str) -> int:
+    """Bring the store at ``conn`` to :data:`SCHEMA_VERSION`; return the version found."""
+    found = conn.execute("PRAGMA user_version").fetchone()[0]
+    if found > SCHEMA_VERSION:
+        raise SchemaTooNewError(path, found)
+    if found == SCHEMA_VERSION:
+        return found
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        # Re-read under the write lock: another process may have migrated meanwhile.
+        current = conn.execute("PRAGMA user_version").fetchone()[0]
+        for version in range(current, SCHEMA_VERSION):
+            for statement in MIGRATIONS[version].split(";\n"):
+                if statement.strip():
+                    conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return found

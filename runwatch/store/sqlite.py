@@ -1,0 +1,393 @@
+"""The embedded store: one SQLite file in WAL mode, the single source of truth.
+
+WAL lets the dashboard and ``runwatch analyze`` read while a training process writes;
+``synchronous=NORMAL`` makes a commit survive the process being killed (it reaches the WAL
+in the OS page cache) at a fraction of the cost of FULL, which only adds safety against a
+power cut. Every write method is one transaction.
+
+One ``Store`` wraps one connection and is meant for one thread at a time (a lock guards the
+connection so accidental sharing is safe, not fast). Open one per thread or process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pandas as pd
+
+from runwatch.model import LABEL_KEYS, RUN_STATUSES, Anomaly, Event
+from runwatch.store.downsample import minmax_downsample
+from runwatch.store.judgements import JudgementTables
+from runwatch.store.points import BlockAppender, PointArrays, latest_points, mark_superseded
+from runwatch.store.points import read_blocks as _read_blocks
+from runwatch.store.schema import migrate
+
+log = logging.getLogger("runwatch.store")
+
+DEFAULT_STORE = "runwatch.db"
+
+
+class StoreError(RuntimeError):
+    """A store could not be opened or used; the message says which file and why."""
+
+
+class RunNotFoundError(StoreError, KeyError):
+    """The named run is not in the store; carries the names that are."""
+
+    def __init__(self, path: str, name: str, known: Sequence[str]) -> None:
+        shown = ", ".join(known[:10]) + (" ..." if len(known) > 10 else "")
+        hint = f"runs in it: {shown}" if known else "the store has no runs yet"
+        super().__init__(f"{path}: no run named {name!r} ({hint})")
+        self.name = name
+        self.known = list(known)
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self.args[0]
+
+
+class RunExistsError(StoreError):
+    """``resume=False`` was asked for a run name that already exists."""
+
+
+def labels_key(labels: Mapping[str, Any] | None) -> str:
+    """Canonical JSON for a label set (sorted, None values left out).
+
+    >>> labels_key({"rank": 3, "host": None})
+    '{"rank":3}'
+    """
+    if not labels:
+        return "{}"
+    clean = {k: v for k, v in sorted(labels.items()) if v is not None}
+    return json.dumps(clean, separators=(",", ":"), default=str)
+
+
+class Store(JudgementTables):
+    """A runwatch store in one SQLite file (created, and migrated, on open)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False,
+                 busy_timeout_s: float = 5.0) -> None:
+        self.path = str(path)
+        self.readonly = readonly
+        if readonly and not Path(self.path).exists():
+            raise StoreError(f"{self.path}: no such store (create it with a run, "
+                             "`runwatch import` or `runwatch demo`)")
+        try:
+            if readonly:
+                uri = f"file:{Path(self.path).resolve()}?mode=ro"
+                self._conn = sqlite3.connect(uri, uri=True, isolation_level=None,
+                                             check_same_thread=False, timeout=busy_timeout_s)
+            else:
+                self._conn = sqlite3.connect(self.path, isolation_level=None,
+                                             check_same_thread=False, timeout=busy_timeout_s)
+            if not readonly:
+                self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.execute("PRAGMA foreign_keys=ON")
+            if not readonly:
+                migrate(self._conn, self.path)
+            else:
+                self._check_readable()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path}: cannot open as a runwatch store: {exc}") from exc
+        self._lock = threading.RLock()
+        self._series_ids: dict[tuple[int, str, str], int] = {}
+        self._appender = BlockAppender(self._conn)
+
+    def _check_readable(self) -> None:
+        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+        if version == 0:
+            raise StoreError(f"{self.path}: not a runwatch store (no schema version)")
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE ... COMMIT), rolled back on any error."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                self._appender.forget()
+                raise
+            self._conn.execute("COMMIT")
+
+    # -- runs and attempts -----------------------------------------------------------------
+    def start_run(self, name: str, *, project: str | None = None,
+                  config: Mapping[str, Any] | None = None, resume: bool | None = None,
+                  now: float | None = None) -> tuple[int, int]:
+        """Create the run, or resume it with a new attempt; return (run_id, attempt).
+
+        ``resume=None`` (default) resumes a run of the same name; ``False`` refuses to;
+        ``True`` resumes, creating the run if it does not exist.
+        """
+        now = time.time() if now is None else now
+        with self.transaction() as conn:
+            row = conn.execute("SELECT id FROM runs WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                cur = conn.execute(
+                    "INSERT INTO runs (name, project, config, status, start_time) "
+                    "VALUES (?, ?, ?, 'running', ?)",
+                    (name, project, json.dumps(dict(config or {}), default=str), now),
+                )
+                run_id = int(cur.lastrowid)  # type: ignore[arg-type]
+                attempt = self._insert_attempt(conn, run_id, None, now, "start")
+                self._insert_event(conn, run_id, attempt, Event("start", None, now))
+                return run_id, attempt
+            if resume is False:
+                raise RunExistsError(
+                    f"{self.path}: a run named {name!r} exists; pass resume=True (or leave "
+                    "resume unset) to continue it as a new attempt, or choose another name"
+                )
+            run_id = int(row[0])
+            attempt = self._insert_attempt(conn, run_id, None, now, "resume")
+            conn.execute("UPDATE runs SET status = 'running', end_time = NULL WHERE id = ?",
+                         (run_id,))
+            if config:
+                conn.execute("UPDATE runs SET config = ? WHERE id = ?",
+                             (json.dumps(dict(config), default=str), run_id))
+            self._insert_event(conn, run_id, attempt, Event("resume", None, now))
+            return run_id, attempt
+
+    def begin_attempt(self, run_id: int, start_step: int | None, reason: str,
+                      now: float | None = None, message: str = "") -> int:
+        """Record a restart of the run's process (steps went back); return the new attempt."""
+        now = time.time() if now is None else now
+        with self.transaction() as conn:
+            attempt = self._insert_attempt(conn, run_id, start_step, now, reason)
+            self._insert_event(conn, run_id, attempt, Event("restart", start_step, now, message))
+            return attempt
+
+    @staticmethod
+    def _insert_attempt(conn: sqlite3.Connection, run_id: int, start_step: int | None,
+                        now: float, reason: str) -> int:
+        (last,) = conn.execute("SELECT COALESCE(MAX(attempt), 0) FROM attempts WHERE run_id = ?",
+                               (run_id,)).fetchone()
+        attempt = int(last) + 1
+        conn.execute("INSERT INTO attempts (run_id, attempt, start_step, start_time, reason) "
+                     "VALUES (?, ?, ?, ?, ?)", (run_id, attempt, start_step, now, reason))
+        return attempt
+
+    def set_run_status(self, run_id: int, status: str, now: float | None = None) -> None:
+        if status not in RUN_STATUSES:
+            raise ValueError(f"unknown run status {status!r}; valid: {', '.join(RUN_STATUSES)}")
+        now = time.time() if now is None else now
+        end = None if status == "running" else now
+        with self.transaction() as conn:
+            conn.execute("UPDATE runs SET status = ?, end_time = ? WHERE id = ?",
+                         (status, end, run_id))
+
+    def run_id(self, name: str) -> int:
+        """The id of the run called ``name``; :class:`RunNotFoundError` names the others."""
+        with self._lock:
+            row = self._conn.execute("SELECT id FROM runs WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                known = [r[0] for r in self._conn.execute("SELECT name FROM runs ORDER BY id")]
+                raise RunNotFoundError(self.path, name, known)
+            return int(row[0])
+
+    def runs(self) -> pd.DataFrame:
+        """One row per run: name, project, status, times, last step, attempts, points."""
+        sql = """
+            SELECT r.id AS run_id, r.name, r.project, r.status, r.start_time, r.end_time,
+                   r.last_step, r.last_time, r.config,
+                   (SELECT COUNT(*) FROM attempts a WHERE a.run_id = r.id) AS attempts,
+                   (SELECT COALESCE(SUM(b.n), 0) FROM point_blocks b
+                      JOIN series s ON s.id = b.series_id WHERE s.run_id = r.id) AS points,
+                   (SELECT COUNT(*) FROM series s WHERE s.run_id = r.id) AS series
+            FROM runs r ORDER BY r.id"""
+        with self._lock:
+            return pd.read_sql_query(sql, self._conn)
+
+    def attempts(self, run: str | int) -> pd.DataFrame:
+        run_id = self._resolve(run)
+        with self._lock:
+            return pd.read_sql_query(
+                "SELECT attempt, start_step, start_time, reason FROM attempts WHERE run_id = ? "
+                "ORDER BY attempt", self._conn, params=(run_id,))
+
+    def _attempt_starts(self, run_id: int) -> dict[int, int | None]:
+        rows = self._conn.execute("SELECT attempt, start_step FROM attempts WHERE run_id = ?",
+                                  (run_id,)).fetchall()
+        return {int(a): (None if s is None else int(s)) for a, s in rows}
+
+    def _resolve(self, run: str | int) -> int:
+        return run if isinstance(run, int) else self.run_id(run)
+
+    # -- series ------------------------------------------------------------------------------
+    def series_id(self, run_id: int, metric: str, labels: Mapping[str, Any] | None = None) -> int:
+        """Id of the series (metric + labels) of a run, created on first use."""
+        key = (run_id, metric, labels_key(labels))
+        cached = self._series_ids.get(key)
+        if cached is not None:
+            return cached
+        with self._lock:
+            self._conn.execute("INSERT OR IGNORE INTO series (run_id, metric, labels) "
+                               "VALUES (?, ?, ?)", key)
+            (sid,) = self._conn.execute(
+                "SELECT id FROM series WHERE run_id = ? AND metric = ? AND labels = ?", key
+            ).fetchone()
+        self._series_ids[key] = int(sid)
+        return int(sid)
+
+    def series(self, run: str | int) -> pd.DataFrame:
+        """The run's series: series_id, metric, one column per label, points stored."""
+        run_id = self._resolve(run)
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT s.id, s.metric, s.labels, COALESCE(SUM(b.n), 0) FROM series s "
+                "LEFT JOIN point_blocks b ON b.series_id = s.id WHERE s.run_id = ? "
+                "GROUP BY s.id ORDER BY s.metric, s.labels", (run_id,)).fetchall()
+        records = []
+        for sid, metric, labels, n in rows:
+            rec: dict[str, Any] = {"series_id": sid, "metric": metric, "points": int(n)}
+            parsed = json.loads(labels)
+            for k in LABEL_KEYS:
+                rec[k] = parsed.get(k)
+            records.append(rec)
+        columns = ["series_id", "metric", *LABEL_KEYS, "points"]
+        return pd.DataFrame.from_records(records, columns=columns)
+
+    # -- writing points and events ----------------------------------------------------------
+    def write(self, run_id: int, attempt: int, points: Mapping[int, PointArrays],
+              events: Iterable[Event] = (), now: float | None = None) -> None:
+        """Append points (series_id -> arrays) and events in ONE transaction."""
+        last_step: int | None = None
+        last_time: float | None = None
+        first_step: int | None = None
+        for steps, times, _ in points.values():
+            if len(steps):
+                hi, lo = int(steps.max()), int(steps.min())
+                last_step = hi if last_step is None else max(last_step, hi)
+                first_step = lo if first_step is None else min(first_step, lo)
+                t = float(np.nanmax(times)) if np.isfinite(times).any() else None
+                if t is not None:
+                    last_time = t if last_time is None else max(last_time, t)
+        with self.transaction() as conn:
+            for sid, arrays in points.items():
+                self._appender.append(sid, attempt, arrays)
+            for event in events:
+                self._insert_event(conn, run_id, attempt, event)
+            if first_step is not None:
+                conn.execute("UPDATE attempts SET start_step = ? WHERE run_id = ? AND "
+                             "attempt = ? AND start_step IS NULL", (first_step, run_id, attempt))
+            if last_step is not None:
+                # The batch is the newest data, so its highest step is the run's step now,
+                # even after a restart sent the steps back.
+                conn.execute("UPDATE runs SET last_step = ?, last_time = COALESCE(?, last_time) "
+                             "WHERE id = ?", (last_step, last_time, run_id))
+
+    def add_events(self, run_id: int, attempt: int | None, events: Iterable[Event]) -> None:
+        with self.transaction() as conn:
+            for event in events:
+                self._insert_event(conn, run_id, attempt, event)
+
+    @staticmethod
+    def _insert_event(conn: sqlite3.Connection, run_id: int, attempt: int | None,
+                      event: Event) -> None:
+        conn.execute(
+            "INSERT INTO events (run_id, attempt, kind, step, time, rank, host, message, attrs) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, attempt, event.kind, event.step, event.time, event.rank, event.host,
+             event.message, json.dumps(event.attrs, default=str)))
+
+    def record_drops(self, run_id: int, counts: Mapping[str, int]) -> None:
+        """Add to the run's counts of points refused or lost, by reason."""
+        if not counts:
+            return
+        with self.transaction() as conn:
+            conn.executemany(
+                "INSERT INTO drops (run_id, reason, count) VALUES (?, ?, ?) "
+                "ON CONFLICT (run_id, reason) DO UPDATE SET count = count + excluded.count",
+                [(run_id, reason, n) for reason, n in counts.items() if n])
+
+    def drops(self, run: str | int) -> dict[str, int]:
+        run_id = self._resolve(run)
+        with self._lock:
+            return dict(self._conn.execute(
+                "SELECT reason, count FROM drops WHERE run_id = ?", (run_id,)).fetchall())
+
+    # -- reading points ----------------------------------------------------------------------
+    def read_series(self, run: str | int, metric: str, labels: Mapping[str, Any] | None = None,
+                    *, start: int | None = None, end: int | None = None,
+                    max_points: int | None = None, all_attempts: bool = False) -> pd.DataFrame:
+        """One series as a frame of step, time, value, attempt (sorted by step).
+
+        The latest attempt wins and a repeated step keeps its last value. With
+        ``all_attempts=True`` every stored point comes back with a ``superseded`` column
+        (redone steps, for drawing them faded). ``max_points`` downsamples keeping each
+        bucket's min, max and first NaN, so no spike is lost.
+        """
+        run_id = self._resolve(run)
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT id FROM series WHERE run_id = ? AND metric = ? AND labels = ?",
+                (run_id, metric, labels_key(labels))).fetchone()
+            if row is None:
+                return pd.DataFrame({"step": pd.Series(dtype="int64"),
+                                     "time": pd.Series(dtype="float64"),
+                                     "value": pd.Series(dtype="float64"),
+                                     "attempt": pd.Series(dtype="int64")})
+            raw = _read_blocks(self._conn, [row[0]], start, end)
+            starts = self._attempt_starts(run_id)
+        if all_attempts:
+            frame = raw.assign(superseded=mark_superseded(raw, starts))
+            frame = frame.sort_values(["step", "attempt"], kind="stable").reset_index(drop=True)
+        else:
+            frame = latest_points(raw, starts)
+        frame = frame.drop(columns="series_id")
+        if max_points is not None:
+            frame = minmax_downsample(frame, max_points)
+        return frame
+
+    def read_points(self, run: str | int, metrics: Sequence[str] | None = None,
+                    *, start: int | None = None, end: int | None = None) -> pd.DataFrame:
+        """Every live point of a run in long format: metric, rank, host, gpu, step, time, value.
+
+        Sorted by step, then metric and labels: the order a live run delivers them in, so a
+        replay of this frame sees what the live Monitor saw.
+        """
+        run_id = self._resolve(run)
+        catalogue = self.series(run_id)
+        if metrics is not None:
+            catalogue = catalogue[catalogue["metric"].isin(list(metrics))]
+        with self._lock:
+            raw = _read_blocks(self._conn, catalogue["series_id"].tolist(), start, end)
+            starts = self._attempt_starts(run_id)
+        live = latest_points(raw, starts)
+        merged = live.merge(catalogue.drop(columns="points"), on="series_id", how="left")
+        merged = merged.sort_values(["step", "series_id"], kind="stable")
+        return merged[["metric", *LABEL_KEYS, "step", "time", "value", "attempt"]].reset_index(
+            drop=True)
+
+    # -- events ------------------------------------------------------------------------------
+    def events(self, run: str | int, kinds: Sequence[str] | None = None) -> pd.DataFrame:
+        run_id = self._resolve(run)
+        sql = ("SELECT id, attempt, kind, step, time, rank, host, message, attrs FROM events "
+               "WHERE run_id = ?")
+        params: list[Any] = [run_id]
+        if kinds:
+            sql += f" AND kind IN ({','.join('?' * len(kinds))})"
+            params.extend(kinds)
+        with self._lock:
+            return pd.read_sql_query(sql + " ORDER BY time, id", self._conn, params=params)
