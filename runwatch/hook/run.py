@@ -54,6 +54,7 @@ class Run:
         max_pending_points: int = 2_000_000,
         flush_interval: float = 0.25,
         finish_timeout: float = 60.0,
+        store_retries: int = 3,
         sink_factory: Callable[[Run], Any] | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
@@ -85,9 +86,12 @@ class Run:
             raise
         except (StoreError, OSError, Exception) as exc:  # the run must go on without us
             self._closed_reason = "store_error"
-            log.error("runwatch: cannot open the store %s (%s); this run will not be "
-                      "recorded, its points are counted as dropped (store_error)",
-                      self.store_path, exc)
+            log.error(
+                "runwatch: cannot open the store %s (%s); this run will not be "
+                "recorded, its points are counted as dropped (store_error)",
+                self.store_path,
+                exc,
+            )
             return
         sink = sink_factory(self) if sink_factory is not None else None
         self._writer = Writer(
@@ -99,6 +103,7 @@ class Run:
             flow=self._flow,
             drops=self._drops,
             flush_interval=flush_interval,
+            retries=store_retries,
             sink=sink,
         )
         try:
@@ -142,9 +147,13 @@ class Run:
                 self._put((step, _now(), dict(data)))
                 return
             self._drops.add("not_a_dict" if not isinstance(data, Mapping) else "bad_step")
-            self._drops.warn_once("call", "runwatch: run.log() needs a dict of metrics and an "
-                                  "integer step; got %s (step %r); dropped (not_a_dict)",
-                                  type(data).__name__, step)
+            self._drops.warn_once(
+                "call",
+                "runwatch: run.log() needs a dict of metrics and an "
+                "integer step; got %s (step %r); dropped (not_a_dict)",
+                type(data).__name__,
+                step,
+            )
         except Exception:  # never raise into the training loop
             self._drops.add("not_a_dict")
 
@@ -154,8 +163,7 @@ class Run:
         """The step the next ``log`` without ``step=`` will use."""
         return int(self._next_step)
 
-    def event(self, kind: str, step: int | None = None, message: str = "",
-              **attrs: Any) -> None:
+    def event(self, kind: str, step: int | None = None, message: str = "", **attrs: Any) -> None:
         """Record an event (checkpoint, crash, xid, note, ...) at ``step`` (default: current)."""
         if kind not in EVENT_KINDS:
             raise ValueError(f"unknown event kind {kind!r}; valid: {', '.join(EVENT_KINDS)}")
@@ -205,8 +213,9 @@ class Run:
                 writer.join(max(0.0, timeout - 0.5))
             if writer.is_alive():
                 lost = self._flow.queued - self._flow.written
-                log.warning("runwatch: finish timed out after %.1f s; %d points not written",
-                            timeout, lost)
+                log.warning(
+                    "runwatch: finish timed out after %.1f s; %d points not written", timeout, lost
+                )
                 self._drops.add("queue_full", lost)
         self._close_store(status)
         if _current is self:
@@ -216,16 +225,20 @@ class Run:
     def _close_store(self, status: str) -> None:
         dropped = self._drops.snapshot()
         if dropped:
-            detail = ", ".join(f"{n} {reason} ({DROP_REASONS.get(reason, reason)})"
-                               for reason, n in sorted(dropped.items()))
+            detail = ", ".join(
+                f"{n} {reason} ({DROP_REASONS.get(reason, reason)})"
+                for reason, n in sorted(dropped.items())
+            )
             log.warning("runwatch: run %r dropped points: %s", self.name, detail)
         store, writer = self._store, self._writer
         if store is None or self.run_id is None or (writer is not None and writer.is_alive()):
             return
         try:
-            store.add_events(self.run_id, writer.attempt if writer else None,
-                             [Event("finish", writer.last_step if writer else None, _now(),
-                                    status)])
+            store.add_events(
+                self.run_id,
+                writer.attempt if writer else None,
+                [Event("finish", writer.last_step if writer else None, _now(), status)],
+            )
             store.record_drops(self.run_id, dropped)
             store.set_run_status(self.run_id, status)
             store.close()
@@ -235,8 +248,9 @@ class Run:
     def __enter__(self) -> Run:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: object) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
         if exc is not None and self._accepting and not isinstance(exc, KeyboardInterrupt):
             self.event("crash", message=f"{exc_type.__name__ if exc_type else ''}: {exc}")
             self.finish(status="crashed")

@@ -184,15 +184,23 @@ class Writer(threading.Thread):
     def _refuse_step(self, step: Any, n: int) -> None:
         self._drops.add("bad_step", n)
         self._drops.warn_once(
-            "step", "runwatch: step %r is not a non-negative integer; that call's %d points "
-            "were dropped (bad_step)", step, n)
+            "step",
+            "runwatch: step %r is not a non-negative integer; that call's %d points "
+            "were dropped (bad_step)",
+            step,
+            n,
+        )
 
     def _new_buffer(self, name: Any) -> Any:
         problem = name_problem(name)
         if problem is not None:
             self._buffers[name] = _REFUSED_NAME
-            self._drops.warn_once(f"name:{name!r}", "runwatch: metric name %r %s; its points are "
-                                  "dropped (bad_name)", name, problem)
+            self._drops.warn_once(
+                f"name:{name!r}",
+                "runwatch: metric name %r %s; its points are dropped (bad_name)",
+                name,
+                problem,
+            )
             return _REFUSED_NAME
         buf = _SeriesBuffer(self._store.series_id(self._run_id, name, self._labels))
         self._buffers[name] = buf
@@ -204,8 +212,7 @@ class Writer(threading.Thread):
         previous = self.last_step
         message = f"step went back from {previous} to {step}: new attempt (restart)"
         try:
-            self.attempt = self._store.begin_attempt(self._run_id, step, "restart",
-                                                     message=message)
+            self.attempt = self._store.begin_attempt(self._run_id, step, "restart", message=message)
         except (sqlite3.Error, StoreError) as exc:
             self.attempt += 1
             log.warning("runwatch: could not record the restart in the store: %s", exc)
@@ -242,9 +249,12 @@ class Writer(threading.Thread):
     def _write_with_retries(self, batch: dict[int, Any], events: list[Event], n: int) -> bool:
         if not os.path.exists(self._store.path):
             self._drops.add("store_gone", n)
-            self._drops.warn_once("store_gone", "runwatch: the store %s was deleted while the "
-                                  "run was writing; points are dropped and counted (store_gone)",
-                                  self._store.path)
+            self._drops.warn_once(
+                "store_gone",
+                "runwatch: the store %s was deleted while the "
+                "run was writing; points are dropped and counted (store_gone)",
+                self._store.path,
+            )
             return False
         delay = self._backoff
         for attempt in range(self._retries + 1):
@@ -257,7 +267,13 @@ class Writer(threading.Thread):
                     time.sleep(delay)
                     delay *= 2
         self._drops.add("store_error", n)
-        self._drops.warn_once(f"store_error:{last_error}", "runwatch: could not write %d points "
-                              "to %s after %d retries (%s); dropped and counted (store_error)",
-                              n, self._store.path, self._retries, last_error)
+        self._drops.warn_once(
+            f"store_error:{last_error}",
+            "runwatch: could not write %d points "
+            "to %s after %d retries (%s); dropped and counted (store_error)",
+            n,
+            self._store.path,
+            self._retries,
+            last_error,
+        )
         return False

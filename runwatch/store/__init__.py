@@ -10,14 +10,8 @@
 [3.0, 2.0, 1.0]
 """
 
-from runwatch.store.sqlite import (
-    DEFAULT_STORE,
-    RunExistsError,
-    RunNotFoundError,
-    Store,
-    StoreError,
-    labels_key,
-)
+from runwatch.store.errors import RunExistsError, RunNotFoundError, StoreError
+from runwatch.store.sqlite import DEFAULT_STORE, Store, labels_key
 
 
 def open_store(path: str = DEFAULT_STORE, *, readonly: bool = False) -> Store:

@@ -46,8 +46,15 @@ class JudgementTables:
 
     _conn: sqlite3.Connection
 
-    def save_anomalies(self, run_id: int, source: str, anomalies: Iterable[Anomaly],
-                       ids: dict[int, int] | None = None, *, replace: bool = False) -> None:
+    def save_anomalies(
+        self,
+        run_id: int,
+        source: str,
+        anomalies: Iterable[Anomaly],
+        ids: dict[int, int] | None = None,
+        *,
+        replace: bool = False,
+    ) -> None:
         """Insert or update anomalies of a run in one transaction.
 
         ``ids`` maps ``id(anomaly)`` to its row id, so an episode that is still open is
@@ -63,9 +70,12 @@ class JudgementTables:
             if replace:
                 conn.execute(
                     "DELETE FROM verdicts WHERE anomaly_id IN (SELECT id FROM anomalies "
-                    "WHERE run_id = ? AND source = ?)", (run_id, source))
-                conn.execute("DELETE FROM anomalies WHERE run_id = ? AND source = ?",
-                             (run_id, source))
+                    "WHERE run_id = ? AND source = ?)",
+                    (run_id, source),
+                )
+                conn.execute(
+                    "DELETE FROM anomalies WHERE run_id = ? AND source = ?", (run_id, source)
+                )
             for anomaly in anomalies:
                 row = _anomaly_row(anomaly)
                 known = ids.get(id(anomaly))
@@ -75,17 +85,25 @@ class JudgementTables:
                         "start_step, end_step, severity, score, observed, expected, lower, upper, "
                         "message, is_open, details, created, updated) "
                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (run_id, source, *row, now, now))
+                        (run_id, source, *row, now, now),
+                    )
                     ids[id(anomaly)] = int(cur.lastrowid)  # type: ignore[arg-type]
                 else:
                     conn.execute(
                         "UPDATE anomalies SET detector = ?, metric = ?, labels = ?, "
                         "start_step = ?, end_step = ?, severity = ?, score = ?, observed = ?, "
                         "expected = ?, lower = ?, upper = ?, message = ?, is_open = ?, "
-                        "details = ?, updated = ? WHERE id = ?", (*row, now, known))
+                        "details = ?, updated = ? WHERE id = ?",
+                        (*row, now, known),
+                    )
 
-    def anomalies(self, run: str | int | None = None, *, source: str | None = None,
-                  min_severity: str | None = None) -> pd.DataFrame:
+    def anomalies(
+        self,
+        run: str | int | None = None,
+        *,
+        source: str | None = None,
+        min_severity: str | None = None,
+    ) -> pd.DataFrame:
         """Anomalies (with the run name and the latest verdict on each), newest step last."""
         sql = """
             SELECT a.id, r.name AS run, a.source, a.detector, a.metric, a.labels, a.start_step,
@@ -102,8 +120,9 @@ class JudgementTables:
             sql += " AND a.source = ?"
             params.append(source)
         with self._lock:  # type: ignore[attr-defined]
-            frame = pd.read_sql_query(sql + " ORDER BY a.start_step, a.id", self._conn,
-                                      params=params)
+            frame = pd.read_sql_query(
+                sql + " ORDER BY a.start_step, a.id", self._conn, params=params
+            )
         if min_severity is not None:
             floor = severity_rank(min_severity)
             frame = frame[frame["severity"].map(severity_rank) >= floor].reset_index(drop=True)
@@ -112,9 +131,15 @@ class JudgementTables:
         frame["is_open"] = frame["is_open"].astype(bool)
         return frame
 
-    def add_verdict(self, verdict: str, *, anomaly_id: int | None = None,
-                    incident_id: int | None = None, note: str = "",
-                    author: str | None = None) -> int:
+    def add_verdict(
+        self,
+        verdict: str,
+        *,
+        anomaly_id: int | None = None,
+        incident_id: int | None = None,
+        note: str = "",
+        author: str | None = None,
+    ) -> int:
         """Store a person's judgement (benign / real / watch) on an anomaly or incident."""
         if verdict not in VERDICTS:
             raise ValueError(f"unknown verdict {verdict!r}; valid: {', '.join(VERDICTS)}")
@@ -131,7 +156,8 @@ class JudgementTables:
             cur = conn.execute(
                 "INSERT INTO verdicts (anomaly_id, incident_id, verdict, note, author, time) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                (anomaly_id, incident_id, verdict, note, author, time.time()))
+                (anomaly_id, incident_id, verdict, note, author, time.time()),
+            )
             return int(cur.lastrowid)  # type: ignore[arg-type]
 
     def verdicts(self, anomaly_id: int | None = None) -> pd.DataFrame:

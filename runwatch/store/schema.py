@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import sqlite3
 
+from runwatch.store.errors import SchemaTooNewError
+
 _V1 = """
 CREATE TABLE runs (
     id          INTEGER PRIMARY KEY,
@@ -137,23 +139,11 @@ MIGRATIONS: tuple[str, ...] = (_V1,)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-class SchemaTooNewError(RuntimeError):
-    """The store was written by a newer runwatch whose schema this one does not know."""
-
-    def __init__(self, path: str, found: int) -> None:
-        super().__init__(
-            f"{path}: store schema version {found} is newer than this runwatch understands "
-            f"({SCHEMA_VERSION}); upgrade runwatch to open it"
-        )
-        self.path = path
-        self.found = found
-
-
 def migrate(conn: sqlite3.Connection, path: str) -> int:
     """Bring the store at ``conn`` to :data:`SCHEMA_VERSION`; return the version found."""
     found = conn.execute("PRAGMA user_version").fetchone()[0]
     if found > SCHEMA_VERSION:
-        raise SchemaTooNewError(path, found)
+        raise SchemaTooNewError(path, found, SCHEMA_VERSION)
     if found == SCHEMA_VERSION:
         return found
     conn.execute("BEGIN IMMEDIATE")

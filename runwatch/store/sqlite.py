@@ -17,16 +17,17 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from runwatch.model import LABEL_KEYS, RUN_STATUSES, Anomaly, Event
+from runwatch.model import LABEL_KEYS, RUN_STATUSES, Event
 from runwatch.store.downsample import minmax_downsample
+from runwatch.store.errors import RunExistsError, RunNotFoundError, StoreError
 from runwatch.store.judgements import JudgementTables
 from runwatch.store.points import BlockAppender, PointArrays, latest_points, mark_superseded
 from runwatch.store.points import read_blocks as _read_blocks
@@ -35,28 +36,6 @@ from runwatch.store.schema import migrate
 log = logging.getLogger("runwatch.store")
 
 DEFAULT_STORE = "runwatch.db"
-
-
-class StoreError(RuntimeError):
-    """A store could not be opened or used; the message says which file and why."""
-
-
-class RunNotFoundError(StoreError, KeyError):
-    """The named run is not in the store; carries the names that are."""
-
-    def __init__(self, path: str, name: str, known: Sequence[str]) -> None:
-        shown = ", ".join(known[:10]) + (" ..." if len(known) > 10 else "")
-        hint = f"runs in it: {shown}" if known else "the store has no runs yet"
-        super().__init__(f"{path}: no run named {name!r} ({hint})")
-        self.name = name
-        self.known = list(known)
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return self.args[0]
-
-
-class RunExistsError(StoreError):
-    """``resume=False`` was asked for a run name that already exists."""
 
 
 def labels_key(labels: Mapping[str, Any] | None) -> str:
@@ -74,21 +53,30 @@ def labels_key(labels: Mapping[str, Any] | None) -> str:
 class Store(JudgementTables):
     """A runwatch store in one SQLite file (created, and migrated, on open)."""
 
-    def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False,
-                 busy_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, readonly: bool = False, busy_timeout_s: float = 5.0
+    ) -> None:
         self.path = str(path)
         self.readonly = readonly
         if readonly and not Path(self.path).exists():
-            raise StoreError(f"{self.path}: no such store (create it with a run, "
-                             "`runwatch import` or `runwatch demo`)")
+            raise StoreError(
+                f"{self.path}: no such store (create it with a run, "
+                "`runwatch import` or `runwatch demo`)"
+            )
         try:
             if readonly:
                 uri = f"file:{Path(self.path).resolve()}?mode=ro"
-                self._conn = sqlite3.connect(uri, uri=True, isolation_level=None,
-                                             check_same_thread=False, timeout=busy_timeout_s)
+                self._conn = sqlite3.connect(
+                    uri,
+                    uri=True,
+                    isolation_level=None,
+                    check_same_thread=False,
+                    timeout=busy_timeout_s,
+                )
             else:
-                self._conn = sqlite3.connect(self.path, isolation_level=None,
-                                             check_same_thread=False, timeout=busy_timeout_s)
+                self._conn = sqlite3.connect(
+                    self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s
+                )
             if not readonly:
                 self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
@@ -121,21 +109,35 @@ class Store(JudgementTables):
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (BEGIN IMMEDIATE ... COMMIT), rolled back on any error."""
+        """One write transaction (BEGIN IMMEDIATE ... COMMIT), rolled back on any error.
+
+        Nested use joins the outer transaction, so ``runwatch import`` can wrap a whole file
+        in one transaction and leave nothing half-written when a line is malformed.
+        """
         with self._lock:
+            if self._conn.in_transaction:
+                yield self._conn
+                return
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self._conn
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 self._appender.forget()
+                self._series_ids.clear()
                 raise
             self._conn.execute("COMMIT")
 
     # -- runs and attempts -----------------------------------------------------------------
-    def start_run(self, name: str, *, project: str | None = None,
-                  config: Mapping[str, Any] | None = None, resume: bool | None = None,
-                  now: float | None = None) -> tuple[int, int]:
+    def start_run(
+        self,
+        name: str,
+        *,
+        project: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        resume: bool | None = None,
+        now: float | None = None,
+    ) -> tuple[int, int]:
         """Create the run, or resume it with a new attempt; return (run_id, attempt).
 
         ``resume=None`` (default) resumes a run of the same name; ``False`` refuses to;
@@ -161,16 +163,25 @@ class Store(JudgementTables):
                 )
             run_id = int(row[0])
             attempt = self._insert_attempt(conn, run_id, None, now, "resume")
-            conn.execute("UPDATE runs SET status = 'running', end_time = NULL WHERE id = ?",
-                         (run_id,))
+            conn.execute(
+                "UPDATE runs SET status = 'running', end_time = NULL WHERE id = ?", (run_id,)
+            )
             if config:
-                conn.execute("UPDATE runs SET config = ? WHERE id = ?",
-                             (json.dumps(dict(config), default=str), run_id))
+                conn.execute(
+                    "UPDATE runs SET config = ? WHERE id = ?",
+                    (json.dumps(dict(config), default=str), run_id),
+                )
             self._insert_event(conn, run_id, attempt, Event("resume", None, now))
             return run_id, attempt
 
-    def begin_attempt(self, run_id: int, start_step: int | None, reason: str,
-                      now: float | None = None, message: str = "") -> int:
+    def begin_attempt(
+        self,
+        run_id: int,
+        start_step: int | None,
+        reason: str,
+        now: float | None = None,
+        message: str = "",
+    ) -> int:
         """Record a restart of the run's process (steps went back); return the new attempt."""
         now = time.time() if now is None else now
         with self.transaction() as conn:
@@ -179,13 +190,18 @@ class Store(JudgementTables):
             return attempt
 
     @staticmethod
-    def _insert_attempt(conn: sqlite3.Connection, run_id: int, start_step: int | None,
-                        now: float, reason: str) -> int:
-        (last,) = conn.execute("SELECT COALESCE(MAX(attempt), 0) FROM attempts WHERE run_id = ?",
-                               (run_id,)).fetchone()
+    def _insert_attempt(
+        conn: sqlite3.Connection, run_id: int, start_step: int | None, now: float, reason: str
+    ) -> int:
+        (last,) = conn.execute(
+            "SELECT COALESCE(MAX(attempt), 0) FROM attempts WHERE run_id = ?", (run_id,)
+        ).fetchone()
         attempt = int(last) + 1
-        conn.execute("INSERT INTO attempts (run_id, attempt, start_step, start_time, reason) "
-                     "VALUES (?, ?, ?, ?, ?)", (run_id, attempt, start_step, now, reason))
+        conn.execute(
+            "INSERT INTO attempts (run_id, attempt, start_step, start_time, reason) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (run_id, attempt, start_step, now, reason),
+        )
         return attempt
 
     def set_run_status(self, run_id: int, status: str, now: float | None = None) -> None:
@@ -194,8 +210,9 @@ class Store(JudgementTables):
         now = time.time() if now is None else now
         end = None if status == "running" else now
         with self.transaction() as conn:
-            conn.execute("UPDATE runs SET status = ?, end_time = ? WHERE id = ?",
-                         (status, end, run_id))
+            conn.execute(
+                "UPDATE runs SET status = ?, end_time = ? WHERE id = ?", (status, end, run_id)
+            )
 
     def run_id(self, name: str) -> int:
         """The id of the run called ``name``; :class:`RunNotFoundError` names the others."""
@@ -224,11 +241,15 @@ class Store(JudgementTables):
         with self._lock:
             return pd.read_sql_query(
                 "SELECT attempt, start_step, start_time, reason FROM attempts WHERE run_id = ? "
-                "ORDER BY attempt", self._conn, params=(run_id,))
+                "ORDER BY attempt",
+                self._conn,
+                params=(run_id,),
+            )
 
     def _attempt_starts(self, run_id: int) -> dict[int, int | None]:
-        rows = self._conn.execute("SELECT attempt, start_step FROM attempts WHERE run_id = ?",
-                                  (run_id,)).fetchall()
+        rows = self._conn.execute(
+            "SELECT attempt, start_step FROM attempts WHERE run_id = ?", (run_id,)
+        ).fetchall()
         return {int(a): (None if s is None else int(s)) for a, s in rows}
 
     def _resolve(self, run: str | int) -> int:
@@ -242,8 +263,9 @@ class Store(JudgementTables):
         if cached is not None:
             return cached
         with self._lock:
-            self._conn.execute("INSERT OR IGNORE INTO series (run_id, metric, labels) "
-                               "VALUES (?, ?, ?)", key)
+            self._conn.execute(
+                "INSERT OR IGNORE INTO series (run_id, metric, labels) VALUES (?, ?, ?)", key
+            )
             (sid,) = self._conn.execute(
                 "SELECT id FROM series WHERE run_id = ? AND metric = ? AND labels = ?", key
             ).fetchone()
@@ -257,7 +279,9 @@ class Store(JudgementTables):
             rows = self._conn.execute(
                 "SELECT s.id, s.metric, s.labels, COALESCE(SUM(b.n), 0) FROM series s "
                 "LEFT JOIN point_blocks b ON b.series_id = s.id WHERE s.run_id = ? "
-                "GROUP BY s.id ORDER BY s.metric, s.labels", (run_id,)).fetchall()
+                "GROUP BY s.id ORDER BY s.metric, s.labels",
+                (run_id,),
+            ).fetchall()
         records = []
         for sid, metric, labels, n in rows:
             rec: dict[str, Any] = {"series_id": sid, "metric": metric, "points": int(n)}
@@ -269,8 +293,14 @@ class Store(JudgementTables):
         return pd.DataFrame.from_records(records, columns=columns)
 
     # -- writing points and events ----------------------------------------------------------
-    def write(self, run_id: int, attempt: int, points: Mapping[int, PointArrays],
-              events: Iterable[Event] = (), now: float | None = None) -> None:
+    def write(
+        self,
+        run_id: int,
+        attempt: int,
+        points: Mapping[int, PointArrays],
+        events: Iterable[Event] = (),
+        now: float | None = None,
+    ) -> None:
         """Append points (series_id -> arrays) and events in ONE transaction."""
         last_step: int | None = None
         last_time: float | None = None
@@ -289,13 +319,19 @@ class Store(JudgementTables):
             for event in events:
                 self._insert_event(conn, run_id, attempt, event)
             if first_step is not None:
-                conn.execute("UPDATE attempts SET start_step = ? WHERE run_id = ? AND "
-                             "attempt = ? AND start_step IS NULL", (first_step, run_id, attempt))
+                conn.execute(
+                    "UPDATE attempts SET start_step = ? WHERE run_id = ? AND "
+                    "attempt = ? AND start_step IS NULL",
+                    (first_step, run_id, attempt),
+                )
             if last_step is not None:
                 # The batch is the newest data, so its highest step is the run's step now,
                 # even after a restart sent the steps back.
-                conn.execute("UPDATE runs SET last_step = ?, last_time = COALESCE(?, last_time) "
-                             "WHERE id = ?", (last_step, last_time, run_id))
+                conn.execute(
+                    "UPDATE runs SET last_step = ?, last_time = COALESCE(?, last_time) "
+                    "WHERE id = ?",
+                    (last_step, last_time, run_id),
+                )
 
     def add_events(self, run_id: int, attempt: int | None, events: Iterable[Event]) -> None:
         with self.transaction() as conn:
@@ -303,13 +339,24 @@ class Store(JudgementTables):
                 self._insert_event(conn, run_id, attempt, event)
 
     @staticmethod
-    def _insert_event(conn: sqlite3.Connection, run_id: int, attempt: int | None,
-                      event: Event) -> None:
+    def _insert_event(
+        conn: sqlite3.Connection, run_id: int, attempt: int | None, event: Event
+    ) -> None:
         conn.execute(
             "INSERT INTO events (run_id, attempt, kind, step, time, rank, host, message, attrs) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (run_id, attempt, event.kind, event.step, event.time, event.rank, event.host,
-             event.message, json.dumps(event.attrs, default=str)))
+            (
+                run_id,
+                attempt,
+                event.kind,
+                event.step,
+                event.time,
+                event.rank,
+                event.host,
+                event.message,
+                json.dumps(event.attrs, default=str),
+            ),
+        )
 
     def record_drops(self, run_id: int, counts: Mapping[str, int]) -> None:
         """Add to the run's counts of points refused or lost, by reason."""
@@ -319,18 +366,30 @@ class Store(JudgementTables):
             conn.executemany(
                 "INSERT INTO drops (run_id, reason, count) VALUES (?, ?, ?) "
                 "ON CONFLICT (run_id, reason) DO UPDATE SET count = count + excluded.count",
-                [(run_id, reason, n) for reason, n in counts.items() if n])
+                [(run_id, reason, n) for reason, n in counts.items() if n],
+            )
 
     def drops(self, run: str | int) -> dict[str, int]:
         run_id = self._resolve(run)
         with self._lock:
-            return dict(self._conn.execute(
-                "SELECT reason, count FROM drops WHERE run_id = ?", (run_id,)).fetchall())
+            return dict(
+                self._conn.execute(
+                    "SELECT reason, count FROM drops WHERE run_id = ?", (run_id,)
+                ).fetchall()
+            )
 
     # -- reading points ----------------------------------------------------------------------
-    def read_series(self, run: str | int, metric: str, labels: Mapping[str, Any] | None = None,
-                    *, start: int | None = None, end: int | None = None,
-                    max_points: int | None = None, all_attempts: bool = False) -> pd.DataFrame:
+    def read_series(
+        self,
+        run: str | int,
+        metric: str,
+        labels: Mapping[str, Any] | None = None,
+        *,
+        start: int | None = None,
+        end: int | None = None,
+        max_points: int | None = None,
+        all_attempts: bool = False,
+    ) -> pd.DataFrame:
         """One series as a frame of step, time, value, attempt (sorted by step).
 
         The latest attempt wins and a repeated step keeps its last value. With
@@ -342,12 +401,17 @@ class Store(JudgementTables):
         with self._lock:
             row = self._conn.execute(
                 "SELECT id FROM series WHERE run_id = ? AND metric = ? AND labels = ?",
-                (run_id, metric, labels_key(labels))).fetchone()
+                (run_id, metric, labels_key(labels)),
+            ).fetchone()
             if row is None:
-                return pd.DataFrame({"step": pd.Series(dtype="int64"),
-                                     "time": pd.Series(dtype="float64"),
-                                     "value": pd.Series(dtype="float64"),
-                                     "attempt": pd.Series(dtype="int64")})
+                return pd.DataFrame(
+                    {
+                        "step": pd.Series(dtype="int64"),
+                        "time": pd.Series(dtype="float64"),
+                        "value": pd.Series(dtype="float64"),
+                        "attempt": pd.Series(dtype="int64"),
+                    }
+                )
             raw = _read_blocks(self._conn, [row[0]], start, end)
             starts = self._attempt_starts(run_id)
         if all_attempts:
@@ -360,8 +424,14 @@ class Store(JudgementTables):
             frame = minmax_downsample(frame, max_points)
         return frame
 
-    def read_points(self, run: str | int, metrics: Sequence[str] | None = None,
-                    *, start: int | None = None, end: int | None = None) -> pd.DataFrame:
+    def read_points(
+        self,
+        run: str | int,
+        metrics: Sequence[str] | None = None,
+        *,
+        start: int | None = None,
+        end: int | None = None,
+    ) -> pd.DataFrame:
         """Every live point of a run in long format: metric, rank, host, gpu, step, time, value.
 
         Sorted by step, then metric and labels: the order a live run delivers them in, so a
@@ -378,13 +448,16 @@ class Store(JudgementTables):
         merged = live.merge(catalogue.drop(columns="points"), on="series_id", how="left")
         merged = merged.sort_values(["step", "series_id"], kind="stable")
         return merged[["metric", *LABEL_KEYS, "step", "time", "value", "attempt"]].reset_index(
-            drop=True)
+            drop=True
+        )
 
     # -- events ------------------------------------------------------------------------------
     def events(self, run: str | int, kinds: Sequence[str] | None = None) -> pd.DataFrame:
         run_id = self._resolve(run)
-        sql = ("SELECT id, attempt, kind, step, time, rank, host, message, attrs FROM events "
-               "WHERE run_id = ?")
+        sql = (
+            "SELECT id, attempt, kind, step, time, rank, host, message, attrs FROM events "
+            "WHERE run_id = ?"
+        )
         params: list[Any] = [run_id]
         if kinds:
             sql += f" AND kind IN ({','.join('?' * len(kinds))})"

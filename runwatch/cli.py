@@ -1,0 +1,224 @@
+"""The ``runwatch`` command: a public contract (DESIGN.md, "Command line").
+
+Exit codes: 0 fine, 1 anomalies at or above ``--fail-on``, 2 bad usage or input. Errors are
+one line on stderr naming what was wrong (the file and line, the run, the store); never a
+traceback for a mistake the user can fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from runwatch.store import DEFAULT_STORE, StoreError
+
+EXIT_OK, EXIT_ANOMALIES, EXIT_USAGE = 0, 1, 2
+
+log = logging.getLogger("runwatch.cli")
+
+
+class CommandError(Exception):
+    """A mistake in the user's input: printed as one line, exit code 2."""
+
+
+def _db_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db",
+        default=DEFAULT_STORE,
+        metavar="DB",
+        help=f"the SQLite store (default: {DEFAULT_STORE} here)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="runwatch",
+        description="Watch ML training runs: loss spikes, NaNs, divergence, plateaus, "
+        "restarts and slow ranks, stored in one SQLite file.",
+        epilog="Run `runwatch COMMAND --help` for a command's options. Exit codes: 0 fine, "
+        "1 anomalies at or above --fail-on, 2 bad usage or input.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what runwatch does")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    demo = sub.add_parser(
+        "demo",
+        help="stream a realistic run with faults into a store",
+        description="Stream a realistic training run (warm-up, noisy "
+        "power-law loss, grad norms, LR schedule, throughput) with real "
+        "faults -- a loss spike, a NaN, a crash and restart from a "
+        "checkpoint, a throughput drop -- through the logging hook into "
+        "the store, and say what was written.",
+    )
+    _db_arg(demo)
+    demo.add_argument("--steps", type=int, default=3000, help="training steps (>= 200)")
+    demo.add_argument(
+        "--no-dashboard",
+        action="store_true",
+        help="run to the end and exit without serving the dashboard",
+    )
+    demo.add_argument(
+        "--pace",
+        type=float,
+        default=0.0,
+        metavar="STEPS_PER_S",
+        help="slow the run to this many steps per second (0: as fast as possible)",
+    )
+    demo.add_argument("--seed", type=int, default=0, help="random seed of the simulated run")
+
+    imp = sub.add_parser(
+        "import",
+        help="load a CSV/JSONL long-format file into a store",
+        description="Load a long-format file (columns run,step,metric,value "
+        "and optionally time,rank,host,gpu; CSV with a header, or JSONL; "
+        ".gz accepted). The whole file is one transaction: a malformed line "
+        "is reported with its line number and nothing is written.",
+    )
+    imp.add_argument("src", metavar="SRC", help="the .csv, .jsonl or .ndjson file (.gz too)")
+    _db_arg(imp)
+    imp.add_argument("--run", metavar="NAME", help="put every row into this run")
+    imp.add_argument("--format", choices=("csv", "jsonl"), help="override the file extension")
+    imp.add_argument(
+        "--append", action="store_true", help="add to a run that exists, as a new attempt"
+    )
+
+    exp = sub.add_parser(
+        "export",
+        help="write a run's points in long format to stdout",
+        description="Write the run's live points (latest attempt wins) as "
+        "long format: run,step,metric,value,time,rank,host,gpu.",
+    )
+    _db_arg(exp)
+    exp.add_argument("--run", required=True, metavar="NAME", help="the run to export")
+    exp.add_argument("--format", choices=("csv", "jsonl"), default="csv")
+
+    runs = sub.add_parser(
+        "runs",
+        help="list the runs in a store",
+        description="List runs: status, last step, attempts, points.",
+    )
+    _db_arg(runs)
+    runs.add_argument("--format", choices=("table", "json"), default="table")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    handler = _COMMANDS[args.command]
+    try:
+        return handler(args)
+    except (CommandError, StoreError, ValueError, OSError) as exc:
+        print(f"runwatch {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:  # `runwatch export ... | head`
+        return EXIT_OK
+
+
+def _open(path: str, *, must_exist: bool = True) -> Any:
+    from runwatch.store import open_store
+
+    return open_store(path, readonly=must_exist)
+
+
+# -- commands ------------------------------------------------------------------------------
+def _cmd_import(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from runwatch.collectors.importer import import_long_format
+    from runwatch.collectors.longformat import total_bytes
+
+    store = _open(args.db, must_exist=False)
+    with (
+        store,
+        tqdm(
+            total=total_bytes(args.src),
+            unit="B",
+            unit_scale=True,
+            desc=f"import {args.src}",
+            disable=None,
+            file=sys.stderr,
+        ) as bar,
+    ):
+
+        def progress(done: int, _total: int) -> None:
+            bar.update(done - bar.n)
+
+        summary = import_long_format(
+            store,
+            args.src,
+            fmt=args.format,
+            run_name=args.run,
+            append=args.append,
+            progress=progress,
+        )
+    for name, n in summary.points.items():
+        print(
+            f"imported {n:,} points in {len(summary.series[name])} series into run "
+            f"{name!r} ({args.db})"
+        )
+    return EXIT_OK
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from runwatch.collectors.longformat import write_long_format
+
+    with _open(args.db) as store:
+        points = store.read_points(args.run)
+    points = points.assign(run=args.run).drop(columns="attempt")
+    write_long_format([points], sys.stdout, fmt=args.format)
+    sys.stdout.flush()
+    return EXIT_OK
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    with _open(args.db) as store:
+        runs = store.runs()
+    if args.format == "json":
+        for rec in runs.drop(columns=["config"]).to_dict(orient="records"):
+            print(json.dumps({k: _plain(v) for k, v in rec.items()}))
+        return EXIT_OK
+    if runs.empty:
+        print(f"no runs in {args.db}")
+        return EXIT_OK
+    shown = runs[["name", "project", "status", "last_step", "attempts", "series", "points"]]
+    print(shown.fillna("").to_string(index=False))
+    return EXIT_OK
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from runwatch.demo.runner import run_demo
+
+    if args.steps < 200:
+        raise CommandError(f"--steps must be at least 200 (got {args.steps})")
+    report = run_demo(args.db, steps=args.steps, pace=args.pace, seed=args.seed)
+    print(report)
+    return EXIT_OK
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-safe value: NaN becomes null, NumPy scalars plain numbers."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and value != value:
+        return None
+    return value
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "demo": _cmd_demo,
+    "import": _cmd_import,
+    "export": _cmd_export,
+    "runs": _cmd_runs,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())
