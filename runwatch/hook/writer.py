@@ -54,10 +54,9 @@ class Flow:
 
 
 class _SeriesBuffer:
-    __slots__ = ("series_id", "steps", "times", "values")
+    __slots__ = ("steps", "times", "values")
 
-    def __init__(self, series_id: int) -> None:
-        self.series_id = series_id
+    def __init__(self) -> None:
         self.steps: list[int] = []
         self.times: list[float] = []
         self.values: list[float] = []
@@ -202,7 +201,7 @@ class Writer(threading.Thread):
                 problem,
             )
             return _REFUSED_NAME
-        buf = _SeriesBuffer(self._store.series_id(self._run_id, name, self._labels))
+        buf = _SeriesBuffer()  # its series row is made at flush, inside the retried write
         self._buffers[name] = buf
         return buf
 
@@ -220,7 +219,6 @@ class Writer(threading.Thread):
 
     # -- flushing ----------------------------------------------------------------------------
     def _flush(self) -> None:
-        batch: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         by_name: dict[str, Any] = {}
         for name, buf in self._buffers.items():
             if buf is _REFUSED_NAME or not buf.steps:
@@ -230,15 +228,14 @@ class Writer(threading.Thread):
                 np.fromiter(buf.times, dtype=np.float64, count=len(buf.times)),
                 np.fromiter(buf.values, dtype=np.float64, count=len(buf.values)),
             )
-            batch[buf.series_id] = arrays
             by_name[name] = (self._labels, *arrays)
             buf.steps, buf.times, buf.values = [], [], []
         events, self._events = self._events, []
         self._buffered = 0
-        if not batch and not events:
+        if not by_name and not events:
             return
-        n_points = sum(len(a[0]) for a in batch.values())
-        if self._write_with_retries(batch, events, n_points):
+        n_points = sum(len(a[1]) for a in by_name.values())
+        if self._write_with_retries(by_name, events, n_points):
             self._flow.written += n_points
             if self._sink is not None:
                 try:
@@ -246,7 +243,7 @@ class Writer(threading.Thread):
                 except Exception:
                     log.exception("runwatch: monitor failed on a batch; continuing")
 
-    def _write_with_retries(self, batch: dict[int, Any], events: list[Event], n: int) -> bool:
+    def _write_with_retries(self, by_name: dict[str, Any], events: list[Event], n: int) -> bool:
         if not os.path.exists(self._store.path):
             self._drops.add("store_gone", n)
             self._drops.warn_once(
@@ -259,6 +256,10 @@ class Writer(threading.Thread):
         delay = self._backoff
         for attempt in range(self._retries + 1):
             try:
+                batch = {
+                    self._store.series_id(self._run_id, name, labels): (steps, times, values)
+                    for name, (labels, steps, times, values) in by_name.items()
+                }
                 self._store.write(self._run_id, self.attempt, batch, events)
                 return True
             except (sqlite3.Error, StoreError) as exc:
