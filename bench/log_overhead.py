@@ -121,6 +121,7 @@ def bench_tensorboard(steps: list[Step], workdir: Path, res: Result) -> None:
 def _bench_mlflow(uri: str, steps: list[Step], workdir: Path, res: Result) -> None:
     import mlflow
 
+    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"  # MLflow 3 keeps it, in maintenance mode
     mlflow.set_tracking_uri(uri)
     mlflow.set_experiment("bench")
     with mlflow.start_run():
@@ -214,6 +215,9 @@ def main() -> None:
                 bench(steps, workdir, res)
             except ImportError as exc:
                 res.note = f"not installed ({exc.name})"
+                break
+            except Exception as exc:  # an anchor failing must not hide the others
+                res.note = f"failed: {type(exc).__name__}: {str(exc)[:80]}"
                 break
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
