@@ -225,8 +225,10 @@ def main() -> None:
         print(f"... {name} done", file=sys.stderr)
 
     ours = next((r for r in results if r.name == "runwatch" and r.medians), None)
-    print(f"\nlogging 4 scalars per step; {args.repeats} repeats; median over repeats "
-          "[min-max of the repeats]\n")
+    print(
+        f"\nlogging 4 scalars per step; {args.repeats} repeats; median over repeats "
+        "[min-max of the repeats]\n"
+    )
     header = f"{'tool':30} {'median/step':>24} {'p99/step':>24} {'finish s':>9} {'B/scalar':>9} {'x runwatch':>10}"
     print(header)
     print("-" * len(header))
@@ -238,8 +240,8 @@ def main() -> None:
         p99 = statistics.median(r.p99s) * 1e6
         ratio = med / (statistics.median(ours.medians) * 1e6) if ours else float("nan")
         print(
-            f"{r.name:30} {med:9.2f} us [{min(r.medians)*1e6:.2f}-{max(r.medians)*1e6:.2f}]"
-            f" {p99:9.2f} us [{min(r.p99s)*1e6:.1f}-{max(r.p99s)*1e6:.1f}]"
+            f"{r.name:30} {med:9.2f} us [{min(r.medians) * 1e6:.2f}-{max(r.medians) * 1e6:.2f}]"
+            f" {p99:9.2f} us [{min(r.p99s) * 1e6:.1f}-{max(r.p99s) * 1e6:.1f}]"
             f" {statistics.median(r.finish):9.2f} {statistics.median(r.bytes_per_scalar):9.1f}"
             f" {ratio:10.0f}"
         )
@@ -254,8 +256,9 @@ def main() -> None:
             shutil.rmtree(workdir, ignore_errors=True)
         rates.append(rate)
         print(f"  {pending:>9,} points pending -> finish {took:.2f} s = {rate:,.0f} points/s")
-    print(f"  median {statistics.median(rates):,.0f} points/s "
-          f"[{min(rates):,.0f}-{max(rates):,.0f}]")
+    print(
+        f"  median {statistics.median(rates):,.0f} points/s [{min(rates):,.0f}-{max(rates):,.0f}]"
+    )
 
 
 if __name__ == "__main__":
