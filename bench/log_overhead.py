@@ -229,7 +229,10 @@ def main() -> None:
         f"\nlogging 4 scalars per step; {args.repeats} repeats; median over repeats "
         "[min-max of the repeats]\n"
     )
-    header = f"{'tool':30} {'median/step':>24} {'p99/step':>24} {'finish s':>9} {'B/scalar':>9} {'x runwatch':>10}"
+    header = (
+        f"{'tool':30} {'median/step':>24} {'p99/step':>24} {'finish s':>9} "
+        f"{'B/scalar':>9} {'x runwatch':>10}"
+    )
     print(header)
     print("-" * len(header))
     for r in results:
