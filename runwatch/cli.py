@@ -10,10 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+from runwatch.cli_analysis import plain
+from runwatch.model import SEVERITIES
 from runwatch.store import DEFAULT_STORE, StoreError
 
 EXIT_OK, EXIT_ANOMALIES, EXIT_USAGE = 0, 1, 2
@@ -96,6 +100,55 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--run", required=True, metavar="NAME", help="the run to export")
     exp.add_argument("--format", choices=("csv", "jsonl"), default="csv")
 
+    ana = sub.add_parser(
+        "analyze",
+        help="replay the detectors over a stored run",
+        description="Replay the Monitor (the same code as live watching) over a stored run, "
+        "store what it finds (replacing earlier replay results) and print one line per "
+        "anomaly episode. With --fail-on, exit 1 when an anomaly at or above that severity "
+        "is found (for CI of training jobs).",
+    )
+    _db_arg(ana)
+    ana.add_argument("--run", required=True, metavar="NAME")
+    ana.add_argument(
+        "--format",
+        choices=("table", "json"),
+        default="table",
+        help="json: one object per anomaly per line",
+    )
+    ana.add_argument(
+        "--fail-on",
+        choices=SEVERITIES,
+        metavar="SEVERITY",
+        help=f"exit 1 if an anomaly is at least this severe ({', '.join(SEVERITIES)})",
+    )
+    ana.add_argument(
+        "--roles",
+        metavar="JSON",
+        help='metric roles, e.g. \'{"val_ppl": "loss"}\' (roles: loss, grad_norm, '
+        "lr, throughput, step_time, other)",
+    )
+
+    fc = sub.add_parser(
+        "forecast",
+        help="fit the expected curve and forecast a metric",
+        description="Fit the expected curve of METRIC on steps <= --upto (a robust power "
+        "law, or the LR-schedule-aware law when the run logged lr), predict its value at "
+        "--final-step with a 90%% band, and the wall-clock ETA from the observed step rate.",
+    )
+    _db_arg(fc)
+    fc.add_argument("--run", required=True, metavar="NAME")
+    fc.add_argument("--metric", required=True, metavar="M")
+    fc.add_argument("--upto", type=int, metavar="STEP", help="fit on steps <= STEP (default: all)")
+    fc.add_argument(
+        "--final-step",
+        type=int,
+        metavar="N",
+        help="step to forecast (default: the run's planned steps from its config "
+        "-- total_steps, max_steps, ... -- else its last step)",
+    )
+    fc.add_argument("--format", choices=("table", "json"), default="table")
+
     runs = sub.add_parser(
         "runs",
         help="list the runs in a store",
@@ -116,17 +169,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = _COMMANDS[args.command]
     try:
         return handler(args)
+    except BrokenPipeError:  # `runwatch export ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except (CommandError, StoreError, ValueError, OSError) as exc:
         print(f"runwatch {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except BrokenPipeError:  # `runwatch export ... | head`
-        return EXIT_OK
 
 
-def _open(path: str, *, must_exist: bool = True) -> Any:
+def _open(path: str, *, must_exist: bool = True, write: bool = False) -> Any:
+    """Open the store; a missing one is an error unless the command creates it."""
     from runwatch.store import open_store
 
-    return open_store(path, readonly=must_exist)
+    if must_exist and write and not Path(path).exists():
+        open_store(path, readonly=True)  # raises the "no such store" error with its hint
+    return open_store(path, readonly=must_exist and not write)
 
 
 # -- commands ------------------------------------------------------------------------------
@@ -184,7 +241,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         runs = store.runs()
     if args.format == "json":
         for rec in runs.drop(columns=["config"]).to_dict(orient="records"):
-            print(json.dumps({k: _plain(v) for k, v in rec.items()}))
+            print(json.dumps({k: plain(v) for k, v in rec.items()}))
         return EXIT_OK
     if runs.empty:
         print(f"no runs in {args.db}")
@@ -204,13 +261,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _plain(value: Any) -> Any:
-    """A JSON-safe value: NaN becomes null, NumPy scalars plain numbers."""
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and value != value:
-        return None
-    return value
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from runwatch.cli_analysis import cmd_analyze
+
+    with _open(args.db, write=True) as store:
+        return cmd_analyze(args, store)
+
+
+def _cmd_forecast(args: argparse.Namespace) -> int:
+    from runwatch.cli_analysis import cmd_forecast
+
+    with _open(args.db, write=True) as store:
+        return cmd_forecast(args, store)
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -218,6 +280,8 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "import": _cmd_import,
     "export": _cmd_export,
     "runs": _cmd_runs,
+    "analyze": _cmd_analyze,
+    "forecast": _cmd_forecast,
 }
 
 if __name__ == "__main__":

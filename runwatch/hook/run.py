@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from runwatch.hook.drops import DROP_REASONS, DropCounter
@@ -55,7 +55,7 @@ class Run:
         flush_interval: float = 0.25,
         finish_timeout: float = 60.0,
         store_retries: int = 3,
-        sink_factory: Callable[[Run], Any] | None = None,
+        monitor: bool | Mapping[str, str] = True,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"run name must be a non-empty str, got {name!r}")
@@ -93,7 +93,15 @@ class Run:
                 exc,
             )
             return
-        sink = sink_factory(self) if sink_factory is not None else None
+        # Decided once here, so the writer's loop never asks: live detection on by default,
+        # a mapping gives metric roles (e.g. {"val_ppl": "loss"}).
+        sink = None
+        if monitor:
+            from runwatch.detect.live import LiveDetection
+
+            sink = LiveDetection(
+                self._store, self.run_id, monitor if isinstance(monitor, Mapping) else None
+            )
         self._writer = Writer(
             log_queue=self._queue,
             store=self._store,

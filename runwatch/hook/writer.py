@@ -22,7 +22,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -38,8 +38,14 @@ STOP = object()
 
 _REFUSED_NAME = object()
 
-BatchSink = Callable[[dict[str, Any], list[Event]], None]
-"""Called after each successful write with {metric: (labels, steps, times, values)}, events."""
+
+class BatchSink(Protocol):
+    """Gets each written batch, {metric: (labels, steps, times, values)} and events, in the
+    writer thread (live detection); ``close`` is called once after the last batch."""
+
+    def __call__(self, by_name: dict[str, Any], events: list[Event]) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Flow:
@@ -115,6 +121,7 @@ class Writer(threading.Thread):
                 while item is not None:
                     if item is STOP:
                         self._flush()
+                        self._close_sink()
                         return
                     self._take(item)
                     if self._buffered >= self._max_batch:
@@ -216,6 +223,7 @@ class Writer(threading.Thread):
             self.attempt += 1
             log.warning("runwatch: could not record the restart in the store: %s", exc)
         log.info("runwatch: %s", message)
+        self._notify_sink({}, [Event("restart", step, time.time(), message)])
 
     # -- flushing ----------------------------------------------------------------------------
     def _flush(self) -> None:
@@ -237,11 +245,23 @@ class Writer(threading.Thread):
         n_points = sum(len(a[1]) for a in by_name.values())
         if self._write_with_retries(by_name, events, n_points):
             self._flow.written += n_points
-            if self._sink is not None:
-                try:
-                    self._sink(by_name, events)
-                except Exception:
-                    log.exception("runwatch: monitor failed on a batch; continuing")
+            self._notify_sink(by_name, events)
+
+    def _notify_sink(self, by_name: dict[str, Any], events: list[Event]) -> None:
+        if self._sink is None:
+            return
+        try:
+            self._sink(by_name, events)
+        except Exception:  # detection must never cost the run its points
+            log.exception("runwatch: live detection failed on a batch; continuing")
+
+    def _close_sink(self) -> None:
+        if self._sink is None:
+            return
+        try:
+            self._sink.close()
+        except Exception:
+            log.exception("runwatch: live detection failed at the end of the run")
 
     def _write_with_retries(self, by_name: dict[str, Any], events: list[Event], n: int) -> bool:
         if not os.path.exists(self._store.path):

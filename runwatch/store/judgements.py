@@ -42,7 +42,7 @@ def _anomaly_row(anomaly: Anomaly) -> tuple[Any, ...]:
 
 
 class JudgementTables:
-    """Mixin for :class:`runwatch.store.sqlite.Store`: anomalies and verdicts."""
+    """Mixin for :class:`runwatch.store.sqlite.Store`: anomalies, verdicts, expected curves."""
 
     _conn: sqlite3.Connection
 
@@ -168,3 +168,30 @@ class JudgementTables:
             params = (anomaly_id,)
         with self._lock:  # type: ignore[attr-defined]
             return pd.read_sql_query(sql + " ORDER BY time, id", self._conn, params=params)
+
+    def save_expected_curve(
+        self, run_id: int, metric: str, model: str, upto: int, final_step: int, curve: pd.DataFrame
+    ) -> None:
+        """Store (replacing) the expected curve of a run's metric: step, expected, lower, upper."""
+        payload = {c: curve[c].astype(float).tolist() for c in ("expected", "lower", "upper")}
+        payload["step"] = curve["step"].astype(int).tolist()
+        with self.transaction() as conn:  # type: ignore[attr-defined]
+            conn.execute(
+                "INSERT OR REPLACE INTO expected_curves (run_id, metric, model, upto, final_step, "
+                "curve, created) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (run_id, metric, model, upto, final_step, json.dumps(payload), time.time()),
+            )
+
+    def expected_curve(self, run: str | int, metric: str) -> tuple[dict[str, Any], pd.DataFrame]:
+        """(model, upto, final_step) and the curve frame; an empty frame when none is stored."""
+        run_id = self._resolve(run)  # type: ignore[attr-defined]
+        with self._lock:  # type: ignore[attr-defined]
+            row = self._conn.execute(
+                "SELECT model, upto, final_step, curve FROM expected_curves "
+                "WHERE run_id = ? AND metric = ?",
+                (run_id, metric),
+            ).fetchone()
+        if row is None:
+            return {}, pd.DataFrame(columns=["step", "expected", "lower", "upper"])
+        meta = {"model": row[0], "upto": row[1], "final_step": row[2]}
+        return meta, pd.DataFrame(json.loads(row[3]))

@@ -135,7 +135,22 @@ CREATE TABLE drops (
 ) WITHOUT ROWID;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1,)
+# v2: the expected curve of a metric (fitted by analyze/forecast/live detection), sampled for
+# drawing, so the dashboard shows it without refitting.
+_V2 = """
+CREATE TABLE expected_curves (
+    run_id      INTEGER NOT NULL REFERENCES runs(id),
+    metric      TEXT NOT NULL,
+    model       TEXT NOT NULL,
+    upto        INTEGER NOT NULL,
+    final_step  INTEGER NOT NULL,
+    curve       TEXT NOT NULL,          -- JSON {"step": [...], "expected": [...], "lower": [...], "upper": [...]}
+    created     REAL NOT NULL,
+    PRIMARY KEY (run_id, metric)
+) WITHOUT ROWID;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

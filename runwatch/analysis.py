@@ -1,0 +1,144 @@
+"""Analysis of a stored run: replaying the Monitor over it, and forecasting a metric.
+
+This is what ``runwatch analyze`` and ``runwatch forecast`` do, kept out of the command line
+so the dashboard and the demo call the same code. A replay replaces the run's earlier replay
+results in the store (so the dashboard shows the latest), and every forecast stores the
+expected curve it fitted, sampled for drawing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from runwatch.detect.monitor import Monitor
+from runwatch.detect.replay import analyze_frame
+from runwatch.detect.roles import role_of
+from runwatch.expect.forecast import Forecast, forecast
+from runwatch.model import Anomaly
+from runwatch.store import Store
+
+log = logging.getLogger("runwatch.analysis")
+
+CURVE_SAMPLES = 400
+"""Points of a stored expected curve: enough to draw it smoothly on a log or linear axis."""
+
+_TOTAL_STEP_KEYS = ("total_steps", "max_steps", "train_steps", "num_steps", "steps", "train_iters")
+
+
+@dataclass
+class Analysis:
+    """A replay's result: the anomaly episodes and the run-level health figures."""
+
+    run: str
+    anomalies: list[Anomaly]
+    health: dict[str, Any]
+
+
+def analyze_run(
+    store: Store, run: str, config: Mapping[str, Any] | None = None, *, save: bool = True
+) -> Analysis:
+    """Replay the default detectors over the run's stored points and events."""
+    points = store.read_points(run)
+    events = store.events(run)
+    monitor = Monitor(config)
+    anomalies = analyze_frame(points, events, monitor=monitor)
+    if save:
+        store.save_anomalies(store.run_id(run), "replay", anomalies, replace=True)
+        for metric in _loss_metrics(points, config):
+            try:
+                forecast_run(store, run, metric)
+            except ValueError as exc:
+                log.info("no expected curve for %s/%s: %s", run, metric, exc)
+    return Analysis(run, anomalies, monitor.health)
+
+
+def _loss_metrics(points: pd.DataFrame, config: Mapping[str, Any] | None) -> list[str]:
+    roles = dict((config or {}).get("roles", {}) or {}) if config else {}
+    overrides = {k: v for k, v in (config or {}).items() if k != "roles"} | roles
+    return [m for m in points["metric"].unique() if role_of(m, overrides) == "loss"]
+
+
+def planned_final_step(store: Store, run: str) -> int | None:
+    """The run's planned last step, read from its config (total_steps, max_steps, ...)."""
+    runs = store.runs()
+    row = runs[runs["name"] == run]
+    if row.empty:
+        return None
+    config = json.loads(row.iloc[0]["config"] or "{}")
+    for key in _TOTAL_STEP_KEYS:
+        value = config.get(key)
+        if isinstance(value, (int, float)) and value > 0:
+            return int(value)
+    return None
+
+
+def forecast_run(
+    store: Store,
+    run: str,
+    metric: str,
+    *,
+    upto: int | None = None,
+    final_step: int | None = None,
+    save: bool = True,
+) -> Forecast:
+    """Fit the expected curve of ``metric`` on steps <= ``upto`` and forecast ``final_step``.
+
+    ``final_step`` defaults to the run's planned steps (from its config), else its last
+    step. The LR-aware law is used when the run logged ``lr`` (or ``learning_rate``).
+    """
+    series = store.read_series(run, metric)
+    if series.empty:
+        known = sorted(store.series(run)["metric"].unique())
+        raise ValueError(f"run {run!r} has no metric {metric!r} (it has: {', '.join(known)})")
+    if final_step is None:
+        final_step = planned_final_step(store, run) or int(series["step"].max())
+    lr = _learning_rate(store, run)
+    result = forecast(
+        series["step"].to_numpy(),
+        series["value"].to_numpy(),
+        times=series["time"].to_numpy(),
+        lr_steps=None if lr is None else lr["step"].to_numpy(),
+        lr_values=None if lr is None else lr["value"].to_numpy(),
+        upto=upto,
+        final_step=final_step,
+    )
+    if save:
+        first = max(int(series["step"].min()), 1)
+        last = max(result.final_step, int(series["step"].max()))
+        steps = np.unique(np.geomspace(first, max(last, first + 1), CURVE_SAMPLES).round())
+        mean, lower, upper = result.curve(steps)
+        curve = pd.DataFrame({"step": steps, "expected": mean, "lower": lower, "upper": upper})
+        store.save_expected_curve(
+            store.run_id(run), metric, result.model, result.upto, result.final_step, curve
+        )
+    return result
+
+
+def _learning_rate(store: Store, run: str) -> pd.DataFrame | None:
+    for name in ("lr", "learning_rate"):
+        frame = store.read_series(run, name)
+        if not frame.empty:
+            return frame
+    return None
+
+
+def forecast_json(run: str, metric: str, result: Forecast) -> dict[str, Any]:
+    """The ``runwatch forecast --format json`` object (DESIGN.md): a public contract."""
+    return {
+        "run": run,
+        "metric": metric,
+        "upto": result.upto,
+        "final_step": result.final_step,
+        "predicted": result.predicted,
+        "lower": result.lower,
+        "upper": result.upper,
+        "model": result.model,
+        "eta_seconds": result.eta_seconds,
+    }

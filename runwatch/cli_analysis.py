@@ -1,0 +1,107 @@
+"""``runwatch analyze`` and ``runwatch forecast``: printing what the analysis found.
+
+The JSON shapes are a public contract (DESIGN.md): one object per anomaly per line for
+analyze, one object for forecast; tables are for people and may change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from runwatch.model import Anomaly, severity_rank
+
+EXIT_OK, EXIT_ANOMALIES = 0, 1
+
+
+class RolesError(ValueError):
+    """``--roles`` was not a JSON object of metric -> role."""
+
+
+def plain(value: Any) -> Any:
+    """A JSON-safe value: NaN becomes null, NumPy scalars plain numbers."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and value != value:
+        return None
+    return value
+
+
+def parse_roles(text: str | None) -> dict[str, str] | None:
+    if text is None:
+        return None
+    try:
+        roles = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RolesError(f"--roles is not valid JSON: {exc}") from None
+    if not isinstance(roles, dict):
+        raise RolesError('--roles must be a JSON object like {"val_ppl": "loss"}')
+    return roles
+
+
+def cmd_analyze(args: argparse.Namespace, store: Any) -> int:
+    from runwatch.analysis import analyze_run
+
+    roles = parse_roles(args.roles)
+    store.run_id(args.run)  # a clear error before any work
+    episodes = analyze_run(store, args.run, roles).anomalies
+    if args.format == "json":
+        for anomaly in episodes:
+            print(json.dumps({k: plain(v) for k, v in anomaly.to_json_dict(args.run).items()}))
+    elif not episodes:
+        print(f"run {args.run!r}: no anomalies")
+    else:
+        print(anomaly_table(episodes))
+    if args.fail_on is not None:
+        floor = severity_rank(args.fail_on)
+        if any(severity_rank(a.severity) >= floor for a in episodes):
+            return EXIT_ANOMALIES
+    return EXIT_OK
+
+
+def anomaly_table(episodes: Sequence[Anomaly]) -> str:
+    lines = [f"{'steps':>15}  {'severity':8}  {'detector':20} {'metric':18} message"]
+    for a in episodes:
+        where = f"{a.start_step}" if a.start_step == a.end_step else f"{a.start_step}-{a.end_step}"
+        labels = "".join(f" {k}={v}" for k, v in a.labels.items())
+        lines.append(
+            f"{where:>15}  {a.severity:8}  {a.detector:20} {a.metric + labels:18} {a.message}"
+        )
+    return "\n".join(lines)
+
+
+def cmd_forecast(args: argparse.Namespace, store: Any) -> int:
+    from runwatch.analysis import forecast_json, forecast_run
+
+    store.run_id(args.run)
+    result = forecast_run(store, args.run, args.metric, upto=args.upto, final_step=args.final_step)
+    payload = forecast_json(args.run, args.metric, result)
+    if args.format == "json":
+        print(json.dumps({k: plain(v) for k, v in payload.items()}))
+        return EXIT_OK
+    eta = result.eta_seconds
+    eta_text = "unknown (no wall times)" if eta is None else duration(eta)
+    print(
+        f"{args.metric} of run {args.run!r}, fitted on steps <= {result.upto} ({result.model}):\n"
+        f"  at step {result.final_step}: {result.predicted:.4g} "
+        f"(90% band {result.lower:.4g} .. {result.upper:.4g})\n"
+        f"  ETA to step {result.final_step}: {eta_text}"
+    )
+    return EXIT_OK
+
+
+def duration(seconds: float) -> str:
+    """A human duration.
+
+    >>> duration(93784)
+    '1d 2h 3m 4s'
+    >>> duration(59)
+    '0m 59s'
+    """
+    minutes, sec = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    parts = [f"{days}d"] * bool(days) + [f"{hours}h"] * bool(hours or days)
+    return " ".join([*parts, f"{minutes}m", f"{sec}s"])

@@ -1,0 +1,1 @@
+"""Collectors: bring points and events in from outside a training process (files, GPUs, hosts)."""

@@ -1,0 +1,1 @@
+"""The `runwatch demo` run: a seeded, realistic training run with real faults."""

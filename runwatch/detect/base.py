@@ -1,0 +1,147 @@
+"""The detector contract: one ``Signal`` type and the ``Detector`` base class.
+
+Every detector is a small river-style class (STYLE.md): constructor arguments are stored as
+given and validated up front, private state is rebuilt by ``_reset()``, and one cheap
+``update(step, value)`` returns either ``None`` (nothing flagged at this point) or a
+``Signal``. The contract is fixed so the Monitor can group any detector's signals into
+anomaly episodes without knowing what the detector does.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from runwatch.model import SEVERITIES
+
+log = logging.getLogger("runwatch.detect")
+
+__all__ = ["Detector", "Signal", "check_choice", "check_number", "robust_scale"]
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """What a detector says about one point: flagged, how badly, against what expectation.
+
+    ``expected``/``lower``/``upper`` are None where the detector has no expectation.
+    ``details`` carries detector-specific figures (magnitude, duration, ...).
+    """
+
+    severity: str
+    score: float
+    observed: float | None
+    expected: float | None = None
+    lower: float | None = None
+    upper: float | None = None
+    message: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class Detector:
+    """Base class: parameters as given, private state, one cheap ``update``.
+
+    Subclasses set ``name`` (the anomaly's ``detector`` field) and ``quiet`` (how many
+    consecutive unflagged points close an episode in the Monitor), implement ``_reset`` and
+    ``update``, and validate their parameters in ``__init__`` before calling ``_reset``.
+
+    >>> class Always(Detector):
+    ...     name = "always"
+    ...     def update(self, step, value):
+    ...         return Signal("info", 1.0, value)
+    >>> Always().update(3, 1.5).score
+    1.0
+    """
+
+    name: ClassVar[str] = "detector"
+    quiet: ClassVar[int] = 5
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        """Rebuild the private state (called by ``__init__`` and ``reset``)."""
+
+    def reset(self) -> None:
+        """Forget everything learned so far."""
+        self._reset()
+
+    def update(self, step: int, value: float) -> Signal | None:
+        """Learn from one point; return a Signal if it is flagged, else None."""
+        raise NotImplementedError
+
+    def rewind(self, step: int) -> None:
+        """The run went back to ``step`` (restart/resume): tolerate repeated steps.
+
+        The default keeps the learned baseline: a resumed run continues the same curve.
+        """
+
+    def _get_params(self) -> dict[str, Any]:
+        sig = inspect.signature(type(self).__init__)
+        return {
+            name: getattr(self, name)
+            for name, p in sig.parameters.items()
+            if name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD
+        }
+
+    def clone(self, **new_params: Any) -> Detector:
+        """A fresh detector with the same parameters (optionally some replaced)."""
+        params = copy.deepcopy(self._get_params())
+        params.update(new_params)
+        return type(self)(**params)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self._get_params().items())
+        return f"{type(self).__name__}({args})"
+
+
+def check_number(
+    name: str, value: Any, *, low: float | None = None, high: float | None = None, integer=False
+) -> None:
+    """Reject a bad numeric parameter up front, naming the valid range."""
+    kind = int if integer else (int, float)
+    ok = isinstance(value, kind) and not isinstance(value, bool)
+    if ok and not integer:
+        ok = math.isfinite(value)
+    if ok and low is not None:
+        ok = value >= low
+    if ok and high is not None:
+        ok = value <= high
+    if not ok:
+        rng = f"[{low if low is not None else '-inf'}, {high if high is not None else 'inf'}]"
+        what = "an integer" if integer else "a finite number"
+        raise ValueError(f"{name}={value!r} is invalid; valid values: {what} in {rng}")
+
+
+def check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
+    """Reject a parameter that is not one of ``choices``, naming them."""
+    if value not in choices:
+        raise ValueError(
+            f"{name}={value!r} is invalid; valid values: {', '.join(map(repr, choices))}"
+        )
+
+
+def check_severity(name: str, value: Any) -> None:
+    check_choice(name, value, SEVERITIES)
+
+
+def robust_scale(values: list[float]) -> float:
+    """Noise scale of a window from its first differences (MAD based, trend-robust).
+
+    Differences remove a slow trend (a falling loss), so the scale measures point-to-point
+    noise only; 1.0484 = 1 / (0.6745 * sqrt(2)) makes it a Gaussian sigma.
+    """
+    n = len(values)
+    if n < 3:
+        return 0.0
+    diffs = sorted(abs(values[i] - values[i - 1]) for i in range(1, n))
+    scale = 1.0484 * diffs[(n - 1) // 2]
+    if scale == 0.0:
+        # A quantised series (values printed to 2 decimals) has mostly zero differences:
+        # its noise is at least half a quantum, not zero.
+        nonzero = next((d for d in diffs if d > 0.0), 0.0)
+        scale = 0.5 * nonzero
+    return scale

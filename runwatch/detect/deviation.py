@@ -1,0 +1,257 @@
+"""Expected-curve deviation: the smoothed loss leaves the band of the expected curve."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+
+from runwatch.detect.base import Detector, Signal, check_number
+from runwatch.expect.binning import LogBins
+from runwatch.expect.powerlaw import PowerLaw, fit_power_law
+
+log = logging.getLogger("runwatch.detect")
+
+
+class CurveDeviation(Detector):
+    """The smoothed loss stays outside the band of its expected curve for long enough.
+
+    The expected curve is a robust power law in the step (``runwatch.expect``), refitted
+    whenever the number of points has grown by ``refit_growth`` (bounded cost: it is fitted
+    on log-spaced bins of the accepted points, fewer than 200 numbers for 10M steps). A fit
+    uses the bins after ``fit_from`` of the steps seen, and is trusted only if the same law,
+    fitted without the newest third of the bins, predicted each of them within half of
+    ``rel_margin``: a curve that could not foresee the recent
+    past does not get to judge the future (early, steep, warmup-shaped curves). The
+    loss is smoothed (running median of 5, then an EMA of ``span`` points) and so is the
+    expected value, so both lag alike on a steep curve; the band is
+    the larger of ``band_sigmas`` noise sigmas of that smoothed value and ``rel_margin`` of
+    the level, widened by ``extrap_rel`` per e-fold of extrapolation since the fit.
+    ``patience`` points in a row above the band: warning ("worse than expected"); below
+    the band: info ("better than expected": an annealing LR does that, see below).
+
+    Catches: silent plateaus (LR stuck at 0, a frozen layer, data stuck on a few shards)
+    and level shifts (a harder data mix), as deviations above the band.
+    The curve is not extrapolated past twice the step of the last learned point: beyond
+    that the detector stops judging and learns again (a bound on how long a wrong fit can
+    keep alarming).
+
+    Misses: a plateau late in a run, where the expected curve is itself nearly flat (it is
+    found only once the expected curve has fallen ``rel_margin`` below it); anything in
+    the first ``min_points`` points; the drop of an LR anneal is only info, because a plain
+    power law cannot know the schedule (``runwatch.expect.fit_lr_law`` can, in forecasts).
+
+    Baseline protection: points whose smoothed value is in the upper ``1 - learn_frac`` of
+    the band or above it are not binned, so a plateau is not fitted as the new normal. The cost: after a real lasting shift it warns until ``adapt_after``
+    flagged points, then starts its fit afresh from the new level.
+
+    >>> import random
+    >>> rng = random.Random(3)
+    >>> d = CurveDeviation()
+    >>> s = range(1, 3001)
+    >>> curve = [2.0 + 9.0 * (i + 50) ** -0.35 * (1 + 0.01 * rng.gauss(0, 1)) for i in s]
+    >>> curve[1500:] = [curve[1500]] * 1500  # plateau from step 1501
+    >>> hits = [(i, sig.severity) for i, v in zip(s, curve) if (sig := d.update(i, v))]
+    >>> hits[0]
+    (2152, 'warning')
+    """
+
+    name = "curve_deviation"
+    quiet = 50
+
+    def __init__(
+        self,
+        span: int = 50,
+        band_sigmas: float = 4.0,
+        rel_margin: float = 0.02,
+        patience: int = 20,
+        min_points: int = 1000,
+        fit_from: float = 0.2,
+        refit_growth: float = 1.5,
+        extrap_rel: float = 0.02,
+        learn_frac: float = 0.5,
+        adapt_after: int = 5000,
+    ) -> None:
+        check_number("span", span, low=1, integer=True)
+        check_number("band_sigmas", band_sigmas, low=0.0)
+        check_number("rel_margin", rel_margin, low=0.0)
+        check_number("patience", patience, low=1, integer=True)
+        check_number("min_points", min_points, low=10, integer=True)
+        check_number("fit_from", fit_from, low=0.0, high=0.9)
+        check_number("refit_growth", refit_growth, low=1.01)
+        check_number("extrap_rel", extrap_rel, low=0.0)
+        check_number("learn_frac", learn_frac, low=0.0, high=1.0)
+        check_number("adapt_after", adapt_after, low=1, integer=True)
+        self.extrap_rel = extrap_rel
+        self.learn_frac = learn_frac
+        self.span = span
+        self.band_sigmas = band_sigmas
+        self.rel_margin = rel_margin
+        self.patience = patience
+        self.min_points = min_points
+        self.fit_from = fit_from
+        self.refit_growth = refit_growth
+        self.adapt_after = adapt_after
+        super().__init__()
+
+    def _reset(self) -> None:
+        self._alpha = 2.0 / (self.span + 1.0)
+        self._ema_sd = math.sqrt(self._alpha / (2.0 - self._alpha))
+        self._bins = LogBins()
+        self._n = 0
+        self._accepted = 0
+        self._next_fit = self.min_points
+        self._law: PowerLaw | None = None
+        self._fit_step = 0.0
+        self._ema = math.nan
+        self._exp_ema = math.nan
+        self._last_learned = 0.0
+        self._prev = math.nan
+        self._absdiff = math.nan
+        self._recent: list[float] = []
+        self._over = 0
+        self._under = 0
+        self._flagged = 0
+        self._n_fits = 0
+        self._n_untrusted = 0
+
+    @property
+    def law(self) -> PowerLaw | None:
+        """The current expected curve (None before the first fit)."""
+        return self._law
+
+    @property
+    def n_fits(self) -> int:
+        return self._n_fits
+
+    def expected(self, step: float) -> float | None:
+        """The expected value at ``step`` from the current fit."""
+        if self._law is None:
+            return None
+        return float(self._law.predict(np.array([float(step)]))[0])
+
+    def _smooth(self, x: float) -> float:
+        if self._n == 1:
+            self._ema = self._prev = x
+            self._recent = [x]
+            return x
+        d = abs(x - self._prev)
+        self._prev = x
+        if math.isnan(self._absdiff):
+            self._absdiff = d
+        else:
+            self._absdiff += 0.01 * (min(d, 5.0 * self._absdiff + 1e-12) - self._absdiff)
+        recent = self._recent
+        recent.append(x)
+        if len(recent) > 5:
+            del recent[0]
+        srt = sorted(recent)
+        self._ema += self._alpha * (srt[len(srt) // 2] - self._ema)
+        return self._ema
+
+    @property
+    def n_untrusted(self) -> int:
+        """How many refits were not trusted (they failed to predict the newest bins)."""
+        return self._n_untrusted
+
+    def _refit(self, step: float) -> None:
+        bs, bv, _ = self._bins.arrays()
+        if bs.size == 0:
+            return
+        keep = bs >= self.fit_from * bs.max()
+        bs, bv = bs[keep], bv[keep]
+        hold = max(3, bs.size // 3)
+        if bs.size - hold < 6:
+            return
+        try:
+            check = fit_power_law(bs[:-hold], bv[:-hold], start=self._law)
+            pred = check.predict(bs[-hold:])
+            err = np.abs(pred - bv[-hold:]) / np.maximum(np.abs(bv[-hold:]), 1e-12)
+            law = fit_power_law(bs, bv, start=check)
+        except ValueError as exc:
+            log.debug("curve_deviation: no fit yet (%s)", exc)
+            return
+        self._n_fits += 1
+        if float(np.max(err)) > 0.5 * self.rel_margin:
+            self._n_untrusted += 1
+            self._law = None
+            return
+        self._law = law
+        self._fit_step = max(float(step), 1.0)
+
+    def update(self, step: int, value: float) -> Signal | None:
+        if not math.isfinite(value):
+            return None
+        self._n += 1
+        ema = self._smooth(value)
+        if self._n >= self._next_fit:
+            self._refit(step)
+            self._next_fit = int(self._n * self.refit_growth) + 1
+        law = self._law
+        if law is None or step > 2.0 * self._last_learned:
+            self._exp_ema = math.nan
+            self._over = self._under = self._flagged = 0
+            self._learn(step, value)
+            return None
+        exp_raw = float(law.A * max(step + law.s0, 1e-9) ** -law.alpha + law.E)
+        if math.isnan(self._exp_ema):
+            self._exp_ema = exp_raw
+        else:
+            self._exp_ema += self._alpha * (exp_raw - self._exp_ema)
+        exp_v = self._exp_ema
+        sigma = 0.886 * self._absdiff * self._ema_sd
+        extrap = math.log(max(step, self._fit_step) / self._fit_step)
+        half = max(
+            self.band_sigmas * sigma, (self.rel_margin + self.extrap_rel * extrap) * abs(exp_v)
+        )
+        if ema > exp_v + half:
+            self._over += 1
+            self._under = 0
+            if self._over < self.patience:
+                return None
+            self._flagged += 1
+            sig = self._signal("warning", step, value, ema, exp_v, half, "above")
+            if self._flagged >= self.adapt_after:
+                self._bins = LogBins()
+                self._accepted, self._law = 0, None
+                self._next_fit = self._n + self.min_points
+                self._over = self._flagged = 0
+            return sig
+        self._over = self._flagged = 0
+        if ema <= exp_v + self.learn_frac * half:
+            self._learn(step, value)
+        if ema < exp_v - half:
+            self._under += 1
+            if self._under >= self.patience:
+                return self._signal("info", step, value, ema, exp_v, half, "below")
+        else:
+            self._under = 0
+        return None
+
+    def _learn(self, step: int, value: float) -> None:
+        self._bins.add(step, value)
+        self._accepted += 1
+        if step > self._last_learned:
+            self._last_learned = float(step)
+
+    def _signal(
+        self, sev: str, step: int, value: float, ema: float, exp_v: float, half: float, side: str
+    ) -> Signal:
+        rel = (ema - exp_v) / abs(exp_v) if exp_v else math.inf
+        score = abs(ema - exp_v) / half if half > 0 else 1000.0
+        what = "worse" if side == "above" else "better"
+        msg = (
+            f"smoothed value {ema:.4g} is {what} than the expected curve {exp_v:.4g} "
+            f"({rel:+.1%}) for {max(self._over, self._under)} points"
+        )
+        return Signal(
+            sev,
+            score,
+            value,
+            exp_v,
+            exp_v - half,
+            exp_v + half,
+            msg,
+            {"smoothed": ema, "relative_deviation": rel, "side": side, "fit_step": self._fit_step},
+        )

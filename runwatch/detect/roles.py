@@ -1,0 +1,98 @@
+"""Metric roles from names, and each role's default detector set.
+
+A role is decided once per series, when the series is first seen, so the hot path never
+matches names again.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Mapping
+
+from runwatch.detect.base import Detector
+from runwatch.detect.nonfinite import NonFinite
+from runwatch.detect.spike import Spike
+
+ROLES: tuple[str, ...] = ("loss", "grad_norm", "lr", "throughput", "step_time", "other")
+
+# (pattern, role), first match wins; fnmatch patterns on the lower-cased metric name.
+_NAME_RULES: tuple[tuple[str, str], ...] = (
+    ("loss", "loss"),
+    ("train_loss", "loss"),
+    ("val_loss", "loss"),
+    ("*_loss", "loss"),
+    ("grad_norm*", "grad_norm"),
+    ("lr", "lr"),
+    ("learning_rate", "lr"),
+    ("tokens_per_s*", "throughput"),
+    ("samples_per_s*", "throughput"),
+    ("*throughput*", "throughput"),
+    ("tflops*", "throughput"),
+    ("step_time*", "step_time"),
+    ("iteration_time*", "step_time"),
+)
+
+
+def role_of(metric: str, overrides: Mapping[str, str] | None = None) -> str:
+    """The role of ``metric``: a config override (exact name or fnmatch pattern) or its name.
+
+    >>> role_of("val_loss"), role_of("grad_norm/total"), role_of("tflops_per_gpu")
+    ('loss', 'grad_norm', 'throughput')
+    >>> role_of("gpu_mem"), role_of("gpu_mem", {"gpu_*": "step_time"})
+    ('other', 'step_time')
+    """
+    if overrides:
+        if metric in overrides:
+            return overrides[metric]
+        for pattern, role in overrides.items():
+            if fnmatch.fnmatchcase(metric, pattern):
+                return role
+    name = metric.lower()
+    for pattern, role in _NAME_RULES:
+        if fnmatch.fnmatchcase(name, pattern):
+            return role
+    return "other"
+
+
+def _loss() -> list[Detector]:
+    from runwatch.detect.deviation import CurveDeviation
+    from runwatch.detect.divergence import Divergence
+
+    return [NonFinite(), Spike(), Divergence(), CurveDeviation()]
+
+
+def _grad_norm() -> list[Detector]:
+    # Grad norms are burstier than losses: only large or lasting bursts are warnings.
+    return [
+        NonFinite(),
+        Spike(warn_ratio=20.0, critical_ratio=100.0, sustain=50, sustain_ratio=3.0),
+    ]
+
+
+def _lr() -> list[Detector]:
+    from runwatch.detect.lr import LRSanity
+
+    return [NonFinite(), LRSanity()]
+
+
+def _throughput() -> list[Detector]:
+    from runwatch.detect.regression import Regression
+
+    return [NonFinite(), Regression(higher_is_better=True)]
+
+
+def _step_time() -> list[Detector]:
+    from runwatch.detect.regression import Regression
+
+    return [NonFinite(), Regression(higher_is_better=False)]
+
+
+DEFAULT_DETECTORS: dict[str, Callable[[], list[Detector]]] = {
+    "loss": _loss,
+    "grad_norm": _grad_norm,
+    "lr": _lr,
+    "throughput": _throughput,
+    "step_time": _step_time,
+    "other": lambda: [NonFinite()],
+}
+"""Role -> factory of a fresh default detector list; NonFinite always comes first."""

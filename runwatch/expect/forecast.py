@@ -1,0 +1,143 @@
+"""Forecast: the expected curve fitted so far, the predicted final value with a 90% band,
+the step at which a target is reached, and the wall-clock ETA."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from runwatch.expect.binning import bin_arrays
+from runwatch.expect.lrlaw import fit_lr_law
+from runwatch.expect.powerlaw import MIN_POINTS, TooLittleData, fit_power_law
+from runwatch.expect.reference import ReferenceCurve
+
+log = logging.getLogger("runwatch.detect")
+
+FIT_FROM = 0.4
+"""Fit on the points after this share of the steps seen: the early, steep part of a loss
+curve (warmup, the first fast drop) is not what decides where it ends."""
+
+Z90 = 1.645
+EXTRAP_REL = 0.05
+"""Relative band half-width per e-fold of extrapolation (final_step / upto), calibrated on
+the held-in real runs: a fit cannot know that a schedule will anneal later."""
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """Predicted value at ``final_step`` with a 90% band, and how to draw the curve."""
+
+    predicted: float
+    lower: float
+    upper: float
+    model: str
+    eta_seconds: float | None
+    target_step: int | None
+    upto: int
+    final_step: int
+    _curve: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]] = field(
+        repr=False, compare=False
+    )
+
+    def curve(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(mean, lower, upper) of the expected curve at ``steps`` (90% band)."""
+        return self._curve(np.asarray(steps, dtype=float))
+
+
+def _band_fn(predict: Callable[[np.ndarray], np.ndarray], sigma: float, upto: float):
+    def curve(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        mean = predict(steps)
+        extrap = np.log(np.maximum(steps, upto) / max(upto, 1.0))
+        half = Z90 * np.sqrt(sigma**2 + (EXTRAP_REL * extrap * np.abs(mean)) ** 2)
+        return mean, mean - half, mean + half
+
+    return curve
+
+
+def _eta(times: np.ndarray | None, steps: np.ndarray, upto: float, final: float):
+    if times is None:
+        return None
+    t = np.asarray(times, dtype=float)
+    ok = np.isfinite(t) & (steps <= upto)
+    if ok.sum() < 2:
+        return None
+    s, t = steps[ok], t[ok]
+    # The recent rate (last half of the timed points) is the honest one after restarts.
+    half = s.size // 2
+    ds, dt = s[-1] - s[half - 1 if half else 0], t[-1] - t[half - 1 if half else 0]
+    if ds <= 0 or dt <= 0:
+        return None
+    return float(max(final - s[-1], 0.0) * dt / ds)
+
+
+def forecast(
+    steps,
+    values,
+    *,
+    times=None,
+    lr_steps=None,
+    lr_values=None,
+    upto: int | None = None,
+    final_step: int | None = None,
+    target: float | None = None,
+    reference: ReferenceCurve | None = None,
+) -> Forecast:
+    """Fit the expected curve on points with step <= ``upto`` and forecast ``final_step``.
+
+    Model: a reference run's curve if ``reference`` is given; else the LR-aware law when
+    an LR is given; else the power law. Raises ``ValueError`` (``TooLittleData``) when
+    fewer than ``MIN_POINTS`` usable points remain; a constant curve forecasts itself.
+
+    >>> import numpy as np
+    >>> s = np.arange(1, 2001)
+    >>> y = 2.0 + 8.0 * (s + 10.0) ** -0.4
+    >>> f = forecast(s, y, upto=500, final_step=2000)
+    >>> f.model, bool(abs(f.predicted - y[-1]) < 0.01), bool(f.lower < y[-1] < f.upper)
+    ('power_law', True, True)
+    """
+    s = np.asarray(steps, dtype=float)
+    v = np.asarray(values, dtype=float)
+    if s.shape != v.shape:
+        raise ValueError(f"steps and values differ in length: {s.size} != {v.size}")
+    ok = np.isfinite(s) & np.isfinite(v)
+    if ok.sum() == 0:
+        raise TooLittleData(0, MIN_POINTS, "finite points")
+    up = float(np.max(s[ok]) if upto is None else upto)
+    fin = float(up if final_step is None else final_step)
+    sel = ok & (s <= up) & (s >= FIT_FROM * up)
+    if sel.sum() < MIN_POINTS:
+        sel = ok & (s <= up)
+    if sel.sum() < MIN_POINTS:
+        raise TooLittleData(int(sel.sum()), MIN_POINTS, "finite points up to the fit step")
+    bs, bv, n = bin_arrays(s[sel], v[sel])
+    if bs.size < MIN_POINTS:
+        # Few bins (sparse logging): fit the points themselves.
+        bs, bv, n = s[sel], v[sel], np.ones(int(sel.sum()), dtype=int)
+    if reference is not None:
+        mean_fn, sigma, model = reference.aligned(bs, bv), reference.sigma, "reference"
+    elif lr_steps is not None and lr_values is not None and len(lr_steps) > 0:
+        law = fit_lr_law(bs, bv, lr_steps, lr_values, horizon=int(max(fin, up)))
+        mean_fn, sigma, model = law.predict, law.sigma, "lr_law"
+    else:
+        law = fit_power_law(bs, bv)
+        mean_fn, sigma, model = law.predict, law.sigma, "power_law"
+    curve = _band_fn(mean_fn, sigma, up)
+    m, lo, hi = (float(a[0]) for a in curve(np.array([fin])))
+    target_step = None
+    if target is not None and math.isfinite(target):
+        target_step = _target_step(mean_fn, target, up, max(fin, up) * 10.0)
+    return Forecast(
+        m, lo, hi, model, _eta(times, s, up, fin), target_step, int(up), int(fin), curve
+    )
+
+
+def _target_step(mean_fn, target: float, start: float, stop: float) -> int | None:
+    """First step after ``start`` where the expected curve is at or below ``target``."""
+    grid = np.unique(np.geomspace(max(start, 1.0), max(stop, start + 1.0), 512).round())
+    mean = mean_fn(grid)
+    hit = np.flatnonzero(mean <= target)
+    return int(grid[hit[0]]) if hit.size else None

@@ -1,0 +1,125 @@
+"""A robust power law in the step: L(s) = E + A·(s + s0)^-α."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import least_squares
+
+log = logging.getLogger("runwatch.detect")
+
+MIN_POINTS = 6
+"""Fewer finite bins than this is too little data to fit four parameters."""
+
+
+class TooLittleData(ValueError):
+    """Not enough finite points to fit an expected curve; carries how many there were."""
+
+    def __init__(self, n: int, need: int, what: str = "points") -> None:
+        super().__init__(f"too little data to fit an expected curve: {n} {what}, need >= {need}")
+        self.n = n
+        self.need = need
+
+
+@dataclass(frozen=True, slots=True)
+class PowerLaw:
+    """A fitted L(s) = E + A·(s + s0)^-α; ``sigma`` is the robust residual scale of the fit.
+
+    >>> p = PowerLaw(E=2.0, A=10.0, alpha=0.5, s0=0.0, sigma=0.01, n=100)
+    >>> float(p.predict(np.array([100.0]))[0])
+    3.0
+    """
+
+    E: float
+    A: float
+    alpha: float
+    s0: float
+    sigma: float
+    n: int
+
+    def predict(self, steps: np.ndarray) -> np.ndarray:
+        s = np.asarray(steps, dtype=float)
+        return self.E + self.A * np.power(np.maximum(s + self.s0, 1e-9), -self.alpha)
+
+
+def _robust_sigma(y: np.ndarray) -> float:
+    if y.size < 3:
+        return 0.0
+    return float(1.0484 * np.median(np.abs(np.diff(y))))
+
+
+def fit_power_law(
+    steps: np.ndarray,
+    values: np.ndarray,
+    weights: np.ndarray | None = None,
+    start: PowerLaw | None = None,
+) -> PowerLaw:
+    """Fit the power law to (binned) points with a soft-L1 loss, so outliers pull little.
+
+    Steps are scaled to [0, 1] internally so the parameters are of order one whatever the
+    run length. Raises ``TooLittleData`` below ``MIN_POINTS`` finite points. A constant
+    curve fits as A = 0 (no crash). ``start`` (an earlier fit) replaces the three default
+    starting points by one, which makes refits cheap.
+    """
+    x = np.asarray(steps, dtype=float)
+    y = np.asarray(values, dtype=float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    w = np.ones_like(y) if weights is None else np.asarray(weights, dtype=float)
+    x, y, w = x[ok], y[ok], w[ok]
+    if x.size < MIN_POINTS:
+        raise TooLittleData(int(x.size), MIN_POINTS)
+    xmax = float(max(x.max(), 1.0))
+    xs = np.maximum(x, 0.0) / xmax
+    ymin, ymax = float(y.min()), float(y.max())
+    span = ymax - ymin
+    sig = _robust_sigma(y)
+    if span <= 1e-12 * max(1.0, abs(ymax)):
+        return PowerLaw(ymin, 0.0, 1.0, 1.0, 0.0, int(x.size))
+    f_scale = max(sig, 1e-3 * span, 1e-12)
+    e_low = 0.0 if ymin > 0 else ymin - 10.0 * span
+    lo = np.array([e_low, 0.0, 0.02, 1e-6])
+    hi = np.array([ymin, np.inf, 3.0, 1.0])
+    sw = np.sqrt(w)
+
+    def resid(p: np.ndarray) -> np.ndarray:
+        return sw * (p[0] + p[1] * np.power(xs + p[3], -p[2]) - y)
+
+    def jac(p: np.ndarray) -> np.ndarray:
+        # Analytic Jacobian: several times cheaper than finite differences.
+        base = xs + p[3]
+        pw = np.power(base, -p[2])
+        return np.column_stack(
+            (sw, sw * pw, -sw * p[1] * pw * np.log(base), -sw * p[1] * p[2] * pw / base)
+        )
+
+    best = None
+    y_end = float(np.median(y[-3:]))
+    starts = []
+    for alpha, e_frac in ((0.5, 0.5), (1.0, 0.9), (0.2, 0.0)):
+        e0 = min(max(ymin - e_frac * span, e_low), ymin) if ymin > 0 else ymin - span
+        e0 = float(np.clip(e0, lo[0], hi[0]))
+        starts.append(np.array([e0, max(y_end - e0, 1e-9), alpha, 0.01]))
+    if start is not None and start.A > 0:
+        s0s = float(np.clip(start.s0 / xmax, lo[3], hi[3]))
+        a_s = start.A * xmax ** (-start.alpha)
+        p = np.array([min(start.E, ymin), a_s, start.alpha, s0s])
+        starts = [np.clip(p, lo, np.where(np.isinf(hi), p, hi))]
+    for p0 in starts:
+        try:
+            r = least_squares(
+                resid, p0, jac=jac, bounds=(lo, hi), loss="soft_l1", f_scale=f_scale, max_nfev=200
+            )
+        except (ValueError, FloatingPointError) as exc:  # pragma: no cover - defensive
+            log.debug("power-law start failed: %s", exc)
+            continue
+        if best is None or r.cost < best.cost:
+            best = r
+    if best is None:  # pragma: no cover - defensive
+        raise TooLittleData(int(x.size), MIN_POINTS, "usable points")
+    e, a_s, alpha, s0s = (float(v) for v in best.x)
+    res = y - (e + a_s * np.power(xs + s0s, -alpha))
+    sigma = float(1.4826 * np.median(np.abs(res - np.median(res))))
+    # Back to raw steps: A·(x/xmax + s0')^-α = A·xmax^α·(x + s0'·xmax)^-α.
+    return PowerLaw(e, a_s * xmax**alpha, alpha, s0s * xmax, sigma, int(x.size))
