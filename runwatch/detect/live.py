@@ -1,14 +1,24 @@
-"""Live detection: the Monitor running in the hook's writer thread, storing episodes.
+"""Live detection: the Monitor running beside the hook's writer, storing episodes.
 
-After each batch is written, its points are fed to one long-lived :class:`Monitor` in the
-order a replay reads them from the store (by step, then by series), so ``runwatch analyze``
-on the finished run finds the same anomalies as were found live. Episodes are saved as they
-open, grow and close (source ``live``), so the dashboard and alerts see them within one flush.
+Each batch the writer has made durable is handed over (a cheap enqueue) to a thread of its
+own, which feeds the points to one long-lived :class:`Monitor` in the order a replay reads
+them from the store (by step, then by series), so ``runwatch analyze`` on the finished run
+finds the same anomalies as were found live. Episodes are saved as they open, grow and close
+(source ``live``), through the detection thread's own store connection.
+
+Why a thread of its own: detection costs microseconds per point, writing a fraction of one.
+Run in the writer, it would cut the writer's throughput tenfold and delay durability; here it
+can only fall behind. If it falls more than ``max_backlog_points`` behind (a run logging
+hundreds of thousands of points a second), whole batches are skipped, counted and warned
+about: live detection is then incomplete, and ``runwatch analyze`` gives the full answer.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,48 +30,134 @@ from runwatch.store import Store
 
 log = logging.getLogger("runwatch.detect.live")
 
+_STOP = object()
+
 
 class LiveDetection:
-    """A writer-thread sink: ``(points by metric, events) -> Monitor -> store``."""
+    """A writer sink: ``(points by metric, events)`` -> Monitor -> store, off the write path."""
 
-    def __init__(self, store: Store, run_id: int, config: Mapping[str, Any] | None = None):
-        self._store = store
+    def __init__(
+        self,
+        store_path: str,
+        run_id: int,
+        config: Mapping[str, Any] | None = None,
+        *,
+        max_backlog_points: int = 2_000_000,
+    ) -> None:
+        self._store_path = store_path
         self._run_id = run_id
         self.monitor = Monitor(config)
         self._ids: dict[int, int] = {}
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._backlog = 0
+        self._max_backlog = max_backlog_points
+        self.skipped_points = 0
+        self._store: Store | None = None
+        self._series_order: dict[tuple[str, str], int] = {}
+        self._thread = threading.Thread(target=self._loop, name="runwatch-detect", daemon=True)
+        self._thread.start()
 
+    # -- called from the writer thread --------------------------------------------------------
     def __call__(self, by_name: Mapping[str, Any], events: list[Event]) -> None:
+        n = sum(len(arrays[1]) for arrays in by_name.values())
+        if self._backlog + n > self._max_backlog:
+            self.skipped_points += n
+            if self.skipped_points == n:
+                log.warning(
+                    "runwatch: live detection is %d points behind; skipping batches "
+                    "(run `runwatch analyze` for the complete answer)",
+                    self._backlog,
+                )
+            by_name = {}
+        self._backlog += n
+        self._queue.put((by_name, events, n))
+
+    # -- called from the thread that finishes the run -----------------------------------------
+    def close(self, timeout: float = 10.0) -> bool:
+        """Finish detection (waiting up to ``timeout`` s), close open episodes, store them."""
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning(
+                "runwatch: live detection still %d points behind after %.1f s; "
+                "stopping it (run `runwatch analyze` for the complete answer)",
+                self._backlog,
+                timeout,
+            )
+            return False
+        return True
+
+    # -- the detection thread ---------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            self._store = Store(self._store_path)
+        except Exception as exc:
+            log.warning("runwatch: live detection cannot open the store: %s", exc)
+            return
+        try:
+            while True:
+                item = self._queue.get()
+                if item is _STOP:
+                    self._save(self.monitor.finish())
+                    return
+                by_name, events, n = item
+                try:
+                    self._detect(by_name, events)
+                except Exception:  # a runwatch bug must never cost the run anything
+                    log.exception("runwatch: live detection failed on a batch; continuing")
+                finally:
+                    self._backlog -= n
+        finally:
+            self._store.close()
+
+    def _detect(self, by_name: Mapping[str, Any], events: list[Event]) -> None:
         for event in events:
             self.monitor.event(event)
         if not by_name:
             return
-        update = self.monitor.update
-        changed: dict[int, Anomaly] = {}
-        metrics, labels_of, steps, values, times, order_keys = [], [], [], [], [], []
+        names, order_keys, steps, values, times, which = [], [], [], [], [], []
         for name, (labels, s, t, v) in by_name.items():
-            sid = self._store.series_id(self._run_id, name, labels)
-            metrics.append(np.full(len(s), len(labels_of)))
-            labels_of.append((name, labels))
+            which.append(np.full(len(s), len(names)))
+            order_keys.append(np.full(len(s), self._series_rank(name, labels)))
+            names.append((name, labels))
             steps.append(s)
             times.append(t)
             values.append(v)
-            order_keys.append(np.full(len(s), sid))
         step_all = np.concatenate(steps)
-        which = np.concatenate(metrics)
         order = np.lexsort((np.concatenate(order_keys), step_all))
-        value_all = np.concatenate(values)[order].tolist()
-        time_all = np.concatenate(times)[order].tolist()
+        update = self.monitor.update
+        changed: dict[int, Anomaly] = {}
         for i, step, value, stamp in zip(
-            which[order].tolist(), step_all[order].tolist(), value_all, time_all, strict=True
+            np.concatenate(which)[order].tolist(),
+            step_all[order].tolist(),
+            np.concatenate(values)[order].tolist(),
+            np.concatenate(times)[order].tolist(),
+            strict=True,
         ):
-            name, labels = labels_of[i]
+            name, labels = names[i]
             for anomaly in update(name, labels, step, value, None if stamp != stamp else stamp):
                 changed[id(anomaly)] = anomaly
-        if changed:
-            self._store.save_anomalies(self._run_id, "live", changed.values(), self._ids)
+        self._save(changed.values())
 
-    def close(self) -> None:
-        """The run ended: close open episodes and store them."""
-        closed = self.monitor.finish()
-        if closed:
-            self._store.save_anomalies(self._run_id, "live", closed, self._ids)
+    def _series_rank(self, name: str, labels: Mapping[str, Any]) -> int:
+        """The series id in the store: replays order a step's points by it, so we do too."""
+        key = (name, repr(sorted(labels.items())))
+        rank = self._series_order.get(key)
+        if rank is None:
+            assert self._store is not None
+            rank = self._store.series_id(self._run_id, name, labels)
+            self._series_order[key] = rank
+        return rank
+
+    def _save(self, anomalies: Any) -> None:
+        anomalies = list(anomalies)
+        if not anomalies or self._store is None:
+            return
+        for attempt in range(5):
+            try:
+                self._store.save_anomalies(self._run_id, "live", anomalies, self._ids)
+                return
+            except Exception as exc:  # locked for a moment by the writer: try again
+                if attempt == 4:
+                    log.warning("runwatch: could not store %d anomalies: %s", len(anomalies), exc)
+                time.sleep(0.05 * (attempt + 1))

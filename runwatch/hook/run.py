@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+from runwatch.detect.live import LiveDetection
 from runwatch.hook.drops import DROP_REASONS, DropCounter
 from runwatch.hook.writer import STOP, Flow, Writer
 from runwatch.model import EVENT_KINDS, Event
@@ -74,6 +75,7 @@ class Run:
         self._put = self._queue.put
         self._writer: Writer | None = None
         self._store: Store | None = None
+        self._detection: LiveDetection | None = None
         self.run_id: int | None = None
         self._finished = False
         self._pid = os.getpid()
@@ -95,12 +97,9 @@ class Run:
             return
         # Decided once here, so the writer's loop never asks: live detection on by default,
         # a mapping gives metric roles (e.g. {"val_ppl": "loss"}).
-        sink = None
         if monitor:
-            from runwatch.detect.live import LiveDetection
-
-            sink = LiveDetection(
-                self._store, self.run_id, monitor if isinstance(monitor, Mapping) else None
+            self._detection = LiveDetection(
+                self.store_path, self.run_id, monitor if isinstance(monitor, Mapping) else None
             )
         self._writer = Writer(
             log_queue=self._queue,
@@ -112,7 +111,7 @@ class Run:
             drops=self._drops,
             flush_interval=flush_interval,
             retries=store_retries,
-            sink=sink,
+            sink=self._detection,
         )
         try:
             self._writer.start()
@@ -211,6 +210,7 @@ class Run:
         self._accepting = False
         self._closed_reason = "finished"
         timeout = self._finish_timeout if timeout is None else timeout
+        started = time.monotonic()
         writer = self._writer
         if writer is not None and writer.is_alive():
             self._put(STOP)
@@ -225,6 +225,8 @@ class Run:
                     "runwatch: finish timed out after %.1f s; %d points not written", timeout, lost
                 )
                 self._drops.add("queue_full", lost)
+        if self._detection is not None:
+            self._detection.close(max(1.0, timeout - (time.monotonic() - started)))
         self._close_store(status)
         if _current is self:
             _current = None

@@ -41,11 +41,9 @@ _REFUSED_NAME = object()
 
 class BatchSink(Protocol):
     """Gets each written batch, {metric: (labels, steps, times, values)} and events, in the
-    writer thread (live detection); ``close`` is called once after the last batch."""
+    writer thread (live detection); it must return quickly."""
 
     def __call__(self, by_name: dict[str, Any], events: list[Event]) -> None: ...
-
-    def close(self) -> None: ...
 
 
 class Flow:
@@ -121,7 +119,6 @@ class Writer(threading.Thread):
                 while item is not None:
                     if item is STOP:
                         self._flush()
-                        self._close_sink()
                         return
                     self._take(item)
                     if self._buffered >= self._max_batch:
@@ -254,14 +251,6 @@ class Writer(threading.Thread):
             self._sink(by_name, events)
         except Exception:  # detection must never cost the run its points
             log.exception("runwatch: live detection failed on a batch; continuing")
-
-    def _close_sink(self) -> None:
-        if self._sink is None:
-            return
-        try:
-            self._sink.close()
-        except Exception:
-            log.exception("runwatch: live detection failed at the end of the run")
 
     def _write_with_retries(self, by_name: dict[str, Any], events: list[Event], n: int) -> bool:
         if not os.path.exists(self._store.path):
