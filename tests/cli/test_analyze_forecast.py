@@ -1,0 +1,169 @@
+"""`runwatch analyze` and `runwatch forecast`: JSON contracts, exit codes, stored results."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import runwatch
+from runwatch.cli import main
+from runwatch.store import open_store
+
+ANALYZE_KEYS = {
+    "run",
+    "detector",
+    "metric",
+    "labels",
+    "start_step",
+    "end_step",
+    "severity",
+    "score",
+    "observed",
+    "expected",
+    "lower",
+    "upper",
+    "message",
+}
+FORECAST_KEYS = {
+    "run",
+    "metric",
+    "upto",
+    "final_step",
+    "predicted",
+    "lower",
+    "upper",
+    "model",
+    "eta_seconds",
+}
+
+
+def _log_curve(db_path, name="r", n=2000, nan_at=None, monitor=True, config=None):
+    rng = np.random.default_rng(0)
+    with runwatch.init(name=name, store=db_path, monitor=monitor, config=config) as run:
+        for step in range(1, n + 1):
+            loss = 2.0 + 8.0 * (step + 20.0) ** -0.4 + rng.normal(0, 0.01)
+            if step == nan_at:
+                loss = float("nan")
+            run.log({"loss": loss}, step=step)
+
+
+def test_analyze_json_lines_follow_the_contract_and_fail_on_sets_exit_code(db_path, capsys):
+    _log_curve(db_path, nan_at=1500)
+    assert (
+        main(
+            [
+                "analyze",
+                "--db",
+                str(db_path),
+                "--run",
+                "r",
+                "--format",
+                "json",
+                "--fail-on",
+                "critical",
+            ]
+        )
+        == 1
+    )
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rows and all(set(row) == ANALYZE_KEYS for row in rows)
+    nan = [r for r in rows if r["detector"] == "nonfinite"]
+    assert len(nan) == 1 and nan[0]["start_step"] == 1500 and nan[0]["severity"] == "critical"
+
+
+def test_analyze_of_a_clean_run_exits_0_and_says_so(db_path, capsys):
+    _log_curve(db_path)
+    assert main(["analyze", "--db", str(db_path), "--run", "r", "--fail-on", "warning"]) == 0
+
+
+def test_analyze_stores_its_results_replacing_the_previous_replay(db_path, capsys):
+    _log_curve(db_path, nan_at=1500, monitor=False)
+    for _ in range(2):
+        main(["analyze", "--db", str(db_path), "--run", "r"])
+    with open_store(str(db_path)) as store:
+        replay = store.anomalies("r", source="replay")
+        meta, curve = store.expected_curve("r", "loss")
+    assert (replay["detector"] == "nonfinite").sum() == 1
+    assert meta["model"] and len(curve) > 100
+
+
+def test_live_detection_finds_what_the_replay_finds(db_path, capsys):
+    _log_curve(db_path, nan_at=1500)
+    main(["analyze", "--db", str(db_path), "--run", "r"])
+    with open_store(str(db_path)) as store:
+        found = store.anomalies("r")
+    columns = ["detector", "metric", "start_step", "end_step", "severity", "message"]
+    live = found[found["source"] == "live"][columns].reset_index(drop=True)
+    replay = found[found["source"] == "replay"][columns].reset_index(drop=True)
+    assert len(live) >= 1
+    assert live.equals(replay)
+
+
+def test_analyze_rejects_bad_roles(db_path, capsys):
+    _log_curve(db_path, n=50)
+    assert main(["analyze", "--db", str(db_path), "--run", "r", "--roles", "{nope"]) == 2
+    assert "--roles is not valid JSON" in capsys.readouterr().err
+
+
+def test_forecast_json_contract_and_planned_final_step(db_path, capsys):
+    _log_curve(db_path, config={"total_steps": 8000})
+    assert (
+        main(
+            [
+                "forecast",
+                "--db",
+                str(db_path),
+                "--run",
+                "r",
+                "--metric",
+                "loss",
+                "--upto",
+                "1000",
+                "--format",
+                "json",
+            ]
+        )
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == FORECAST_KEYS
+    assert (out["upto"], out["final_step"]) == (1000, 8000)
+    truth = 2.0 + 8.0 * (8000 + 20.0) ** -0.4
+    assert out["lower"] <= truth <= out["upper"]
+    assert out["eta_seconds"] is not None and out["eta_seconds"] >= 0
+
+
+def test_forecast_table_and_errors(db_path, capsys):
+    _log_curve(db_path)
+    assert (
+        main(
+            [
+                "forecast",
+                "--db",
+                str(db_path),
+                "--run",
+                "r",
+                "--metric",
+                "loss",
+                "--final-step",
+                "4000",
+            ]
+        )
+        == 0
+    )
+    assert "at step 4000" in capsys.readouterr().out
+    assert main(["forecast", "--db", str(db_path), "--run", "r", "--metric", "acc"]) == 2
+    assert "has no metric 'acc'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("values", [[], [1.0], [float("nan")] * 50])
+def test_forecast_with_too_little_data_is_a_clear_error(db_path, capsys, values):
+    with runwatch.init(name="r", store=db_path, monitor=False) as run:
+        run.log({"other": 1.0}, step=0)
+        for step, v in enumerate(values, start=1):
+            run.log({"loss": v}, step=step)
+    assert main(["forecast", "--db", str(db_path), "--run", "r", "--metric", "loss"]) == 2
+    err = capsys.readouterr().err
+    assert "too little data" in err or "has no metric" in err
