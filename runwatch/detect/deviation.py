@@ -20,14 +20,15 @@ class CurveDeviation(Detector):
     The expected curve is a robust power law in the step (``runwatch.expect``), refitted
     whenever the number of points has grown by ``refit_growth`` (bounded cost: it is fitted
     on log-spaced bins of the accepted points, fewer than 200 numbers for 10M steps). A fit
-    uses the bins after ``fit_from`` of the steps seen, and is trusted only if the same law,
-    fitted without the newest third of the bins, predicted each of them within half of
-    ``rel_margin``: a curve that could not foresee the recent
-    past does not get to judge the future (early, steep, warmup-shaped curves). The
-    loss is smoothed (running median of 5, then an EMA of ``span`` points) and so is the
-    expected value, so both lag alike on a steep curve; the band is
-    the larger of ``band_sigmas`` noise sigmas of that smoothed value and ``rel_margin`` of
-    the level, widened by ``extrap_rel`` per e-fold of extrapolation since the fit.
+    uses the bins after ``fit_from`` of the steps seen and is validated out of sample: the
+    previous fit predicts the bins that arrived since it was made, and the same law fitted
+    without the newest third of the bins predicts them; the worst relative error widens
+    the band (a curve that foresaw the recent past badly is trusted
+    less); above ``max_val_err`` the fit is not used at all. The loss is smoothed (running
+    median of 5, then an EMA of ``span`` points) and so is the expected value, so both lag
+    alike on a steep curve. The band half-width is the larger of ``band_sigmas`` noise
+    sigmas of the smoothed value and (``rel_margin`` + validation error + ``extrap_rel``
+    per e-fold of extrapolation since the fit) of the level.
     ``patience`` points in a row above the band: warning ("worse than expected"); below
     the band: info ("better than expected": an annealing LR does that, see below).
 
@@ -64,7 +65,8 @@ class CurveDeviation(Detector):
         self,
         span: int = 50,
         band_sigmas: float = 4.0,
-        rel_margin: float = 0.02,
+        rel_margin: float = 0.01,
+        max_val_err: float = 0.05,
         patience: int = 20,
         min_points: int = 1000,
         fit_from: float = 0.2,
@@ -76,6 +78,7 @@ class CurveDeviation(Detector):
         check_number("span", span, low=1, integer=True)
         check_number("band_sigmas", band_sigmas, low=0.0)
         check_number("rel_margin", rel_margin, low=0.0)
+        check_number("max_val_err", max_val_err, low=0.0)
         check_number("patience", patience, low=1, integer=True)
         check_number("min_points", min_points, low=10, integer=True)
         check_number("fit_from", fit_from, low=0.0, high=0.9)
@@ -88,6 +91,7 @@ class CurveDeviation(Detector):
         self.span = span
         self.band_sigmas = band_sigmas
         self.rel_margin = rel_margin
+        self.max_val_err = max_val_err
         self.patience = patience
         self.min_points = min_points
         self.fit_from = fit_from
@@ -115,6 +119,9 @@ class CurveDeviation(Detector):
         self._flagged = 0
         self._n_fits = 0
         self._n_untrusted = 0
+        self._val_err = 0.0
+        self._last_fit: PowerLaw | None = None
+        self._last_fit_step = 0.0
 
     @property
     def law(self) -> PowerLaw | None:
@@ -164,8 +171,9 @@ class CurveDeviation(Detector):
         hold = max(3, bs.size // 3)
         if bs.size - hold < 6:
             return
+        prev, prev_step = self._last_fit, self._last_fit_step
         try:
-            check = fit_power_law(bs[:-hold], bv[:-hold], start=self._law)
+            check = fit_power_law(bs[:-hold], bv[:-hold], start=prev)
             pred = check.predict(bs[-hold:])
             err = np.abs(pred - bv[-hold:]) / np.maximum(np.abs(bv[-hold:]), 1e-12)
             law = fit_power_law(bs, bv, start=check)
@@ -173,11 +181,20 @@ class CurveDeviation(Detector):
             log.debug("curve_deviation: no fit yet (%s)", exc)
             return
         self._n_fits += 1
-        if float(np.max(err)) > 0.5 * self.rel_margin:
+        self._last_fit, self._last_fit_step = law, float(step)
+        new = bs > prev_step
+        if prev is None or not new.any():
+            # Never judged by a curve that has not yet foreseen anything.
+            self._law = None
+            return
+        fwd = np.abs(prev.predict(bs[new]) - bv[new]) / np.maximum(np.abs(bv[new]), 1e-12)
+        val_err = max(float(np.max(err)), float(np.max(fwd)))
+        if val_err > self.max_val_err:
             self._n_untrusted += 1
             self._law = None
             return
         self._law = law
+        self._val_err = val_err
         self._fit_step = max(float(step), 1.0)
 
     def update(self, step: int, value: float) -> Signal | None:
@@ -203,7 +220,8 @@ class CurveDeviation(Detector):
         sigma = 0.886 * self._absdiff * self._ema_sd
         extrap = math.log(max(step, self._fit_step) / self._fit_step)
         half = max(
-            self.band_sigmas * sigma, (self.rel_margin + self.extrap_rel * extrap) * abs(exp_v)
+            self.band_sigmas * sigma,
+            (self.rel_margin + self._val_err + self.extrap_rel * extrap) * abs(exp_v),
         )
         if ema > exp_v + half:
             self._over += 1

@@ -22,7 +22,7 @@ from runwatch.model import LABEL_KEYS, SEVERITIES, Anomaly, Event
 log = logging.getLogger("runwatch.detect")
 
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
-PRECURSOR_WINDOW = 50
+PRECURSOR_WINDOW = 20
 """A grad-norm spike at most this many steps before a loss spike is linked to it."""
 
 

@@ -11,7 +11,7 @@ def test_log_records_become_points_and_fault_lines_become_events(db_path):
     logger = logging.getLogger("train.integration")
     logger.setLevel(logging.INFO)
     logger.propagate = False
-    with runwatch.init(name="r", store=db_path, monitor=False) as run:
+    with runwatch.init(name="r", store=db_path, monitor=False):
         handler = runwatch.LoggingHandler()
         logger.addHandler(handler)
         try:

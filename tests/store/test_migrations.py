@@ -20,8 +20,9 @@ def test_a_version_1_store_is_migrated_in_place_keeping_its_data(db_path):
     conn.close()
     with open_store(str(db_path)) as store:
         assert store.runs()["name"].tolist() == ["old"]
-        curve = pd.DataFrame({"step": [1, 10], "expected": [3.0, 2.0], "lower": [2.5, 1.5],
-                              "upper": [3.5, 2.5]})
+        curve = pd.DataFrame(
+            {"step": [1, 10], "expected": [3.0, 2.0], "lower": [2.5, 1.5], "upper": [3.5, 2.5]}
+        )
         store.save_expected_curve(store.run_id("old"), "loss", "power_law", 10, 100, curve)
         meta, got = store.expected_curve("old", "loss")
     assert meta == {"model": "power_law", "upto": 10, "final_step": 100}
