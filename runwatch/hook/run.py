@@ -23,10 +23,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from runwatch.detect.live import LiveDetection
+from runwatch.hook.backend import Backend, StoreBackend
 from runwatch.hook.drops import DROP_REASONS, DropCounter
 from runwatch.hook.writer import STOP, Flow, Writer
 from runwatch.model import EVENT_KINDS, Event
-from runwatch.store import DEFAULT_STORE, RunExistsError, Store, StoreError
+from runwatch.store import DEFAULT_STORE, RunExistsError
 
 log = logging.getLogger("runwatch.hook")
 
@@ -57,6 +58,7 @@ class Run:
         finish_timeout: float = 60.0,
         store_retries: int = 3,
         monitor: bool | Mapping[str, str] = True,
+        backend: Backend | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"run name must be a non-empty str, got {name!r}")
@@ -74,37 +76,35 @@ class Run:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._put = self._queue.put
         self._writer: Writer | None = None
-        self._store: Store | None = None
+        self._backend: Backend | None = None
         self._detection: LiveDetection | None = None
         self.run_id: int | None = None
         self._finished = False
         self._pid = os.getpid()
         try:
-            self._store = Store(self.store_path, busy_timeout_s=1.0)
-            self.run_id, attempt = self._store.start_run(
-                name, project=project, config=self.config, resume=resume
-            )
+            self._backend = backend if backend is not None else StoreBackend(self.store_path)
+            self.run_id, attempt = self._backend.start_run(name, project, self.config, resume)
         except RunExistsError:
             raise
-        except (StoreError, OSError, Exception) as exc:  # the run must go on without us
+        except Exception as exc:  # the training run must go on without us
+            self._backend = None
             self._closed_reason = "store_error"
             log.error(
-                "runwatch: cannot open the store %s (%s); this run will not be "
-                "recorded, its points are counted as dropped (store_error)",
-                self.store_path,
+                "runwatch: cannot open %s (%s); this run will not be recorded, its points "
+                "are counted as dropped (store_error)",
+                self.store_path if backend is None else backend.location,
                 exc,
             )
             return
-        # Decided once here, so the writer's loop never asks: live detection on by default,
-        # a mapping gives metric roles (e.g. {"val_ppl": "loss"}).
-        if monitor:
+        # Decided once here, so the writer's loop never asks: live detection on by default
+        # for the embedded store (a server runs its own), a mapping gives metric roles.
+        if monitor and isinstance(self._backend, StoreBackend):
             self._detection = LiveDetection(
                 self.store_path, self.run_id, monitor if isinstance(monitor, Mapping) else None
             )
         self._writer = Writer(
             log_queue=self._queue,
-            store=self._store,
-            run_id=self.run_id,
+            backend=self._backend,
             attempt=attempt,
             labels=dict(labels or {}),
             flow=self._flow,
@@ -227,12 +227,12 @@ class Run:
                 self._drops.add("queue_full", lost)
         if self._detection is not None:
             self._detection.close(max(1.0, timeout - (time.monotonic() - started)))
-        self._close_store(status)
+        self._close_backend(status)
         if _current is self:
             _current = None
         _live_runs.discard(self)
 
-    def _close_store(self, status: str) -> None:
+    def _close_backend(self, status: str) -> None:
         dropped = self._drops.snapshot()
         if dropped:
             detail = ", ".join(
@@ -240,18 +240,16 @@ class Run:
                 for reason, n in sorted(dropped.items())
             )
             log.warning("runwatch: run %r dropped points: %s", self.name, detail)
-        store, writer = self._store, self._writer
-        if store is None or self.run_id is None or (writer is not None and writer.is_alive()):
+        backend, writer = self._backend, self._writer
+        if backend is None or (writer is not None and writer.is_alive()):
             return
         try:
-            store.add_events(
-                self.run_id,
+            backend.finish(
                 writer.attempt if writer else None,
-                [Event("finish", writer.last_step if writer else None, _now(), status)],
+                writer.last_step if writer else None,
+                status,
+                dropped,
             )
-            store.record_drops(self.run_id, dropped)
-            store.set_run_status(self.run_id, status)
-            store.close()
         except Exception as exc:
             log.warning("runwatch: could not record the end of run %r: %s", self.name, exc)
 

@@ -1,4 +1,4 @@
-"""The writer thread: drains the log queue, checks and batches points, writes the store.
+"""The writer thread: drains the log queue, checks and batches points, writes the backend.
 
 Everything ``run.log`` skipped happens here: step and name checks, value coercion (including
 ``.item()`` on tensors), grouping by series, restart detection (a step lower than the last
@@ -6,19 +6,16 @@ starts a new attempt), and one store transaction per flush. A flush happens ever
 ``flush_interval`` seconds or when ``max_batch_points`` are buffered, so a point waits at most
 about ``flush_interval`` plus one write before it is durable.
 
-A store that fails (locked, read-only, full disk) is retried with backoff a bounded number of
-times; then the batch is dropped and counted, and the run goes on. A store file that was
-deleted is detected before each write (SQLite would otherwise write happily into the unlinked
-file and the points would vanish with it).
+A backend that fails (a store locked, read-only or on a full disk; a server down) is retried
+with backoff a bounded number of times; then the batch is dropped and counted under the
+backend's reason, and the run goes on.
 """
 
 from __future__ import annotations
 
 import logging
 import operator
-import os
 import queue
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -26,10 +23,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from runwatch.hook.backend import Backend, BackendError
 from runwatch.hook.drops import DropCounter
 from runwatch.hook.values import RefusedValue, name_problem, to_float
 from runwatch.model import Event
-from runwatch.store import Store, StoreError
 
 log = logging.getLogger("runwatch.hook")
 
@@ -67,14 +64,13 @@ class _SeriesBuffer:
 
 
 class Writer(threading.Thread):
-    """Background thread owning the run's store connection (see the module docstring)."""
+    """Background thread that alone talks to the run's backend (see the module docstring)."""
 
     def __init__(
         self,
         *,
         log_queue: queue.SimpleQueue[Any],
-        store: Store,
-        run_id: int,
+        backend: Backend,
         attempt: int,
         labels: dict[str, Any],
         flow: Flow,
@@ -88,8 +84,7 @@ class Writer(threading.Thread):
     ) -> None:
         super().__init__(name="runwatch-writer", daemon=True)
         self._queue = log_queue
-        self._store = store
-        self._run_id = run_id
+        self._backend = backend
         self.attempt = attempt
         self._labels = labels
         self._flow = flow
@@ -215,10 +210,10 @@ class Writer(threading.Thread):
         previous = self.last_step
         message = f"step went back from {previous} to {step}: new attempt (restart)"
         try:
-            self.attempt = self._store.begin_attempt(self._run_id, step, "restart", message=message)
-        except (sqlite3.Error, StoreError) as exc:
+            self.attempt = self._backend.begin_attempt(step, message)
+        except BackendError as exc:
             self.attempt += 1
-            log.warning("runwatch: could not record the restart in the store: %s", exc)
+            log.warning("runwatch: could not record the restart: %s", exc)
         log.info("runwatch: %s", message)
         self._notify_sink({}, [Event("restart", step, time.time(), message)])
 
@@ -253,37 +248,25 @@ class Writer(threading.Thread):
             log.exception("runwatch: live detection failed on a batch; continuing")
 
     def _write_with_retries(self, by_name: dict[str, Any], events: list[Event], n: int) -> bool:
-        if not os.path.exists(self._store.path):
-            self._drops.add("store_gone", n)
-            self._drops.warn_once(
-                "store_gone",
-                "runwatch: the store %s was deleted while the "
-                "run was writing; points are dropped and counted (store_gone)",
-                self._store.path,
-            )
-            return False
         delay = self._backoff
         for attempt in range(self._retries + 1):
             try:
-                batch = {
-                    self._store.series_id(self._run_id, name, labels): (steps, times, values)
-                    for name, (labels, steps, times, values) in by_name.items()
-                }
-                self._store.write(self._run_id, self.attempt, batch, events)
+                self._backend.write(self.attempt, by_name, events)
                 return True
-            except (sqlite3.Error, StoreError) as exc:
-                last_error = exc
+            except BackendError as exc:
+                error = exc
+                if not exc.retry:
+                    break
                 if attempt < self._retries:
                     time.sleep(delay)
                     delay *= 2
-        self._drops.add("store_error", n)
+        self._drops.add(error.reason, n)
         self._drops.warn_once(
-            f"store_error:{last_error}",
-            "runwatch: could not write %d points "
-            "to %s after %d retries (%s); dropped and counted (store_error)",
+            f"{error.reason}:{error}",
+            "runwatch: could not write %d points to %s (%s); dropped and counted (%s)",
             n,
-            self._store.path,
-            self._retries,
-            last_error,
+            self._backend.location,
+            error,
+            error.reason,
         )
         return False

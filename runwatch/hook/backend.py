@@ -1,0 +1,121 @@
+"""Where the writer thread sends a run's batches: the embedded store, or a server.
+
+The writer knows nothing of SQLite or HTTP: it hands each batch to a :class:`Backend`. The
+embedded default is :class:`StoreBackend` (one SQLite file); ``runwatch.init(url=...)`` uses
+the HTTP transport in ``runwatch.hook.transport``, which speaks to ``runwatch serve``. A
+backend raises :class:`BackendError` for a failure worth retrying (locked store, server
+down); the writer retries with backoff, then counts the batch as dropped under ``reason``.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+from runwatch.model import Event
+from runwatch.store import Store, StoreError
+
+SeriesBatch = Mapping[str, tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray]]
+"""metric -> (labels, steps int64, times float64, values float64), in log order."""
+
+
+class BackendError(RuntimeError):
+    """A write failed; ``reason`` is the drop reason if retries do not help."""
+
+    def __init__(self, message: str, reason: str = "store_error", retry: bool = True) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry = retry
+
+
+class Backend(Protocol):
+    """What the writer needs from a destination. Methods are called from the writer thread
+    only, except ``start_run`` (from ``init``) and ``finish`` (after the writer stopped)."""
+
+    location: str
+    """Where the data goes, for messages (a file path or a server URL, never a token)."""
+
+    def start_run(
+        self, name: str, project: str | None, config: Mapping[str, Any], resume: bool | None
+    ) -> tuple[int, int]:
+        """Create or resume the run; return (run_id, attempt). May raise (init reports it)."""
+        ...
+
+    def write(self, attempt: int, batch: SeriesBatch, events: list[Event]) -> None:
+        """Store one batch atomically, or raise :class:`BackendError`."""
+        ...
+
+    def begin_attempt(self, step: int, message: str) -> int:
+        """The step went back (a restart): record it, return the new attempt number."""
+        ...
+
+    def finish(
+        self, attempt: int | None, last_step: int | None, status: str, drops: Mapping[str, int]
+    ) -> None:
+        """Record the end of the run (status, drop counts) and release resources."""
+        ...
+
+
+class StoreBackend:
+    """The embedded default: write straight into a SQLite store file."""
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout_s: float = 1.0) -> None:
+        self.location = os.fspath(path)
+        self.store = Store(self.location, busy_timeout_s=busy_timeout_s)
+        self.run_id: int | None = None
+
+    def start_run(
+        self, name: str, project: str | None, config: Mapping[str, Any], resume: bool | None
+    ) -> tuple[int, int]:
+        self.run_id, attempt = self.store.start_run(
+            name, project=project, config=config, resume=resume
+        )
+        return self.run_id, attempt
+
+    def write(self, attempt: int, batch: SeriesBatch, events: list[Event]) -> None:
+        # SQLite would write on happily into a deleted file, and the points would vanish.
+        if not os.path.exists(self.location):
+            raise BackendError(
+                f"the store {self.location} was deleted while the run was writing",
+                reason="store_gone",
+                retry=False,
+            )
+        assert self.run_id is not None
+        try:
+            by_id = {
+                self.store.series_id(self.run_id, name, labels): (steps, times, values)
+                for name, (labels, steps, times, values) in batch.items()
+            }
+            self.store.write(self.run_id, attempt, by_id, events)
+        except (sqlite3.Error, StoreError) as exc:
+            raise BackendError(f"{self.location}: {exc}") from exc
+
+    def begin_attempt(self, step: int, message: str) -> int:
+        assert self.run_id is not None
+        try:
+            return self.store.begin_attempt(self.run_id, step, "restart", message=message)
+        except (sqlite3.Error, StoreError) as exc:
+            raise BackendError(f"{self.location}: {exc}") from exc
+
+    def finish(
+        self, attempt: int | None, last_step: int | None, status: str, drops: Mapping[str, int]
+    ) -> None:
+        assert self.run_id is not None
+        try:
+            self.store.add_events(
+                self.run_id, attempt, [Event("finish", last_step, _now(), status)]
+            )
+            self.store.record_drops(self.run_id, dict(drops))
+            self.store.set_run_status(self.run_id, status)
+        finally:
+            self.store.close()
+
+
+def _now() -> float:
+    import time
+
+    return time.time()
