@@ -8,6 +8,7 @@ traceback for a mistake the user can fix.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -156,7 +157,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _db_arg(runs)
     runs.add_argument("--format", choices=("table", "json"), default="table")
+    for module_name in _COMMAND_MODULES:
+        _COMMANDS.update(importlib.import_module(module_name).register(sub))
     return parser
+
+
+_COMMAND_MODULES = (
+    # Each subsystem owns its commands: ``register(sub)`` adds its subparsers and returns
+    # {command: handler(args) -> exit code}; handlers raise ValueError/StoreError for exit 2.
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

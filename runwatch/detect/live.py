@@ -19,7 +19,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -43,11 +43,13 @@ class LiveDetection:
         config: Mapping[str, Any] | None = None,
         *,
         max_backlog_points: int = 2_000_000,
+        on_change: Callable[[list[tuple[int, Anomaly]]], None] | None = None,
     ) -> None:
         self._store_path = store_path
         self._run_id = run_id
         self.monitor = Monitor(config)
         self._ids: dict[int, int] = {}
+        self._on_change = on_change
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._backlog = 0
         self._max_backlog = max_backlog_points
@@ -156,8 +158,15 @@ class LiveDetection:
         for attempt in range(5):
             try:
                 self._store.save_anomalies(self._run_id, "live", anomalies, self._ids)
-                return
+                break
             except Exception as exc:  # locked for a moment by the writer: try again
                 if attempt == 4:
                     log.warning("runwatch: could not store %d anomalies: %s", len(anomalies), exc)
                 time.sleep(0.05 * (attempt + 1))
+        else:
+            return
+        if self._on_change is not None:
+            try:  # alerting: (row id in the store, anomaly) for each episode that changed
+                self._on_change([(self._ids[id(a)], a) for a in anomalies])
+            except Exception:
+                log.exception("runwatch: alerting failed on %d anomalies", len(anomalies))
