@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from runwatch.detect.monitor import Monitor
+from runwatch.hook.backend import SeriesBatch
 from runwatch.model import Anomaly, Event
 from runwatch.store import Store
 
@@ -34,7 +35,7 @@ _STOP = object()
 
 
 class LiveDetection:
-    """A writer sink: ``(points by metric, events)`` -> Monitor -> store, off the write path."""
+    """A writer sink: ``(batch, events)`` -> Monitor -> store, off the write path."""
 
     def __init__(
         self,
@@ -60,8 +61,8 @@ class LiveDetection:
         self._thread.start()
 
     # -- called from the writer thread --------------------------------------------------------
-    def __call__(self, by_name: Mapping[str, Any], events: list[Event]) -> None:
-        n = sum(len(arrays[1]) for arrays in by_name.values())
+    def __call__(self, batch: SeriesBatch, events: list[Event]) -> None:
+        n = sum(len(series.steps) for series in batch)
         if self._backlog + n > self._max_backlog:
             self.skipped_points += n
             if self.skipped_points == n:
@@ -70,9 +71,9 @@ class LiveDetection:
                     "(run `runwatch analyze` for the complete answer)",
                     self._backlog,
                 )
-            by_name = {}
+            batch = []
         self._backlog += n
-        self._queue.put((by_name, events, n))
+        self._queue.put((batch, events, n))
 
     # -- called from the thread that finishes the run -----------------------------------------
     def close(self, timeout: float = 10.0) -> bool:
@@ -102,9 +103,9 @@ class LiveDetection:
                 if item is _STOP:
                     self._save(self.monitor.finish())
                     return
-                by_name, events, n = item
+                batch, events, n = item
                 try:
-                    self._detect(by_name, events)
+                    self._detect(batch, events)
                 except Exception:  # a runwatch bug must never cost the run anything
                     log.exception("runwatch: live detection failed on a batch; continuing")
                 finally:
@@ -112,19 +113,20 @@ class LiveDetection:
         finally:
             self._store.close()
 
-    def _detect(self, by_name: Mapping[str, Any], events: list[Event]) -> None:
+    def _detect(self, batch: SeriesBatch, events: list[Event]) -> None:
         for event in events:
             self.monitor.event(event)
-        if not by_name:
+        if not batch:
             return
         names, order_keys, steps, values, times, which = [], [], [], [], [], []
-        for name, (labels, s, t, v) in by_name.items():
-            which.append(np.full(len(s), len(names)))
-            order_keys.append(np.full(len(s), self._series_rank(name, labels)))
-            names.append((name, labels))
-            steps.append(s)
-            times.append(t)
-            values.append(v)
+        for series in batch:
+            which.append(np.full(len(series.steps), len(names)))
+            rank = self._series_rank(series.metric, series.labels)
+            order_keys.append(np.full(len(series.steps), rank))
+            names.append((series.metric, series.labels))
+            steps.append(series.steps)
+            times.append(series.times)
+            values.append(series.values)
         step_all = np.concatenate(steps)
         order = np.lexsort((np.concatenate(order_keys), step_all))
         update = self.monitor.update

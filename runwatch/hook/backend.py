@@ -11,16 +11,27 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from runwatch.model import Event
 from runwatch.store import Store, StoreError
 
-SeriesBatch = Mapping[str, tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray]]
-"""metric -> (labels, steps int64, times float64, values float64), in log order."""
+
+class SeriesPoints(NamedTuple):
+    """One series' points in a batch, in log order."""
+
+    metric: str
+    labels: dict[str, Any]
+    steps: np.ndarray  # int64
+    times: np.ndarray  # float64 Unix seconds (NaN when unknown)
+    values: np.ndarray  # float64, NaN/Inf as logged
+
+
+SeriesBatch = Sequence[SeriesPoints]
+"""A flush: every series that got points, each once."""
 
 
 class BackendError(RuntimeError):
@@ -87,8 +98,8 @@ class StoreBackend:
         assert self.run_id is not None
         try:
             by_id = {
-                self.store.series_id(self.run_id, name, labels): (steps, times, values)
-                for name, (labels, steps, times, values) in batch.items()
+                self.store.series_id(self.run_id, s.metric, s.labels): (s.steps, s.times, s.values)
+                for s in batch
             }
             self.store.write(self.run_id, attempt, by_id, events)
         except (sqlite3.Error, StoreError) as exc:

@@ -146,6 +146,24 @@ class Run:
         except Exception:
             self._refuse_call(data, step)
 
+    def log_labeled(
+        self, data: Mapping[str, Any], labels: Mapping[str, Any], step: int | None = None
+    ) -> None:
+        """Record a collector's metrics (one GPU, one host) under extra series ``labels``.
+
+        Unlike ``log`` it leaves the training step alone (default: the current step) and
+        never starts a new attempt. Never raises.
+        """
+        try:
+            if not self._accepting:
+                self._drops.add(self._closed_reason, len(data))
+                return
+            at = max(self._next_step - 1, 0) if step is None else step
+            self._flow.queued += len(data)
+            self._put((at, _now(), dict(data), dict(labels)))
+        except Exception:
+            self._drops.add("not_a_dict")
+
     def _refuse_call(self, data: object, step: object) -> None:
         try:
             if isinstance(data, Mapping) and self._accepting:

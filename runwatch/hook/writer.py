@@ -23,10 +23,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from runwatch.hook.backend import Backend, BackendError
+from runwatch.hook.backend import Backend, BackendError, SeriesBatch, SeriesPoints
 from runwatch.hook.drops import DropCounter
 from runwatch.hook.values import RefusedValue, name_problem, to_float
 from runwatch.model import Event
+from runwatch.store import labels_key
 
 log = logging.getLogger("runwatch.hook")
 
@@ -37,10 +38,10 @@ _REFUSED_NAME = object()
 
 
 class BatchSink(Protocol):
-    """Gets each written batch, {metric: (labels, steps, times, values)} and events, in the
-    writer thread (live detection); it must return quickly."""
+    """Gets each written batch and its events in the writer thread (live detection); it must
+    return quickly."""
 
-    def __call__(self, by_name: dict[str, Any], events: list[Event]) -> None: ...
+    def __call__(self, batch: SeriesBatch, events: list[Event]) -> None: ...
 
 
 class Flow:
@@ -55,9 +56,11 @@ class Flow:
 
 
 class _SeriesBuffer:
-    __slots__ = ("steps", "times", "values")
+    __slots__ = ("labels", "metric", "steps", "times", "values")
 
-    def __init__(self) -> None:
+    def __init__(self, metric: str, labels: dict[str, Any]) -> None:
+        self.metric = metric
+        self.labels = labels
         self.steps: list[int] = []
         self.times: list[float] = []
         self.values: list[float] = []
@@ -130,8 +133,10 @@ class Writer(threading.Thread):
 
     def _take(self, item: Any) -> None:
         if type(item) is tuple:
-            step, stamp, data = item
-            self._take_log(step, stamp, data)
+            if len(item) == 3:
+                self._take_log(*item)
+            else:
+                self._take_labeled(*item)
         elif isinstance(item, Event):
             self._events.append(item)
         elif isinstance(item, threading.Event):  # a flush request from run.flush()
@@ -157,27 +162,45 @@ class Writer(threading.Thread):
         for name, value in data.items():
             buf = buffers.get(name)
             if buf is None:
-                buf = self._new_buffer(name)
-            if buf is _REFUSED_NAME:
-                self._drops.add("bad_name")
-                continue
-            if type(value) is not float:
-                try:
-                    value = to_float(value)
-                except RefusedValue as refused:
-                    self._drops.add("bad_value")
-                    self._drops.warn_once(
-                        f"value:{name}",
-                        "runwatch: metric %r got a %s, not a number; dropped and counted "
-                        "(bad_value) now and every time it happens again",
-                        name,
-                        refused.kind,
-                    )
-                    continue
-            buf.steps.append(step)
-            buf.times.append(stamp)
-            buf.values.append(value)
+                buf = self._new_buffer(name, name, self._labels)
+            self._append(buf, name, step, stamp, value)
         self._buffered += n
+
+    def _take_labeled(
+        self, step: int, stamp: float, data: dict[Any, Any], labels: dict[str, Any]
+    ) -> None:
+        """Points of a collector (a GPU, a host): their own labels, no restart detection."""
+        self._flow.drained += len(data)
+        merged = {**self._labels, **labels}
+        suffix = labels_key(merged)
+        for name, value in data.items():
+            key = (name, suffix)
+            buf = self._buffers.get(key)
+            if buf is None:
+                buf = self._new_buffer(key, name, merged)
+            self._append(buf, name, step, stamp, value)
+        self._buffered += len(data)
+
+    def _append(self, buf: Any, name: Any, step: int, stamp: float, value: Any) -> None:
+        if buf is _REFUSED_NAME:
+            self._drops.add("bad_name")
+            return
+        if type(value) is not float:
+            try:
+                value = to_float(value)
+            except RefusedValue as refused:
+                self._drops.add("bad_value")
+                self._drops.warn_once(
+                    f"value:{name}",
+                    "runwatch: metric %r got a %s, not a number; dropped and counted "
+                    "(bad_value) now and every time it happens again",
+                    name,
+                    refused.kind,
+                )
+                return
+        buf.steps.append(step)
+        buf.times.append(stamp)
+        buf.values.append(value)
 
     def _refuse_step(self, step: Any, n: int) -> None:
         self._drops.add("bad_step", n)
@@ -189,10 +212,10 @@ class Writer(threading.Thread):
             n,
         )
 
-    def _new_buffer(self, name: Any) -> Any:
+    def _new_buffer(self, key: Any, name: Any, labels: dict[str, Any]) -> Any:
         problem = name_problem(name)
         if problem is not None:
-            self._buffers[name] = _REFUSED_NAME
+            self._buffers[key] = _REFUSED_NAME
             self._drops.warn_once(
                 f"name:{name!r}",
                 "runwatch: metric name %r %s; its points are dropped (bad_name)",
@@ -200,8 +223,8 @@ class Writer(threading.Thread):
                 problem,
             )
             return _REFUSED_NAME
-        buf = _SeriesBuffer()  # its series row is made at flush, inside the retried write
-        self._buffers[name] = buf
+        buf = _SeriesBuffer(name, labels)  # its series row is made at flush time
+        self._buffers[key] = buf
         return buf
 
     def _restart(self, step: int) -> None:
@@ -215,43 +238,47 @@ class Writer(threading.Thread):
             self.attempt += 1
             log.warning("runwatch: could not record the restart: %s", exc)
         log.info("runwatch: %s", message)
-        self._notify_sink({}, [Event("restart", step, time.time(), message)])
+        self._notify_sink([], [Event("restart", step, time.time(), message)])
 
     # -- flushing ----------------------------------------------------------------------------
     def _flush(self) -> None:
-        by_name: dict[str, Any] = {}
-        for name, buf in self._buffers.items():
+        batch: list[SeriesPoints] = []
+        for buf in self._buffers.values():
             if buf is _REFUSED_NAME or not buf.steps:
                 continue
-            arrays = (
-                np.fromiter(buf.steps, dtype=np.int64, count=len(buf.steps)),
-                np.fromiter(buf.times, dtype=np.float64, count=len(buf.times)),
-                np.fromiter(buf.values, dtype=np.float64, count=len(buf.values)),
+            n = len(buf.steps)
+            batch.append(
+                SeriesPoints(
+                    buf.metric,
+                    buf.labels,
+                    np.fromiter(buf.steps, dtype=np.int64, count=n),
+                    np.fromiter(buf.times, dtype=np.float64, count=n),
+                    np.fromiter(buf.values, dtype=np.float64, count=n),
+                )
             )
-            by_name[name] = (self._labels, *arrays)
             buf.steps, buf.times, buf.values = [], [], []
         events, self._events = self._events, []
         self._buffered = 0
-        if not by_name and not events:
+        if not batch and not events:
             return
-        n_points = sum(len(a[1]) for a in by_name.values())
-        if self._write_with_retries(by_name, events, n_points):
+        n_points = sum(len(series.steps) for series in batch)
+        if self._write_with_retries(batch, events, n_points):
             self._flow.written += n_points
-            self._notify_sink(by_name, events)
+            self._notify_sink(batch, events)
 
-    def _notify_sink(self, by_name: dict[str, Any], events: list[Event]) -> None:
+    def _notify_sink(self, batch: SeriesBatch, events: list[Event]) -> None:
         if self._sink is None:
             return
         try:
-            self._sink(by_name, events)
+            self._sink(batch, events)
         except Exception:  # detection must never cost the run its points
             log.exception("runwatch: live detection failed on a batch; continuing")
 
-    def _write_with_retries(self, by_name: dict[str, Any], events: list[Event], n: int) -> bool:
+    def _write_with_retries(self, batch: SeriesBatch, events: list[Event], n: int) -> bool:
         delay = self._backoff
         for attempt in range(self._retries + 1):
             try:
-                self._backend.write(self.attempt, by_name, events)
+                self._backend.write(self.attempt, batch, events)
                 return True
             except BackendError as exc:
                 error = exc

@@ -285,3 +285,20 @@ def test_name_validation_matches_its_rules(name):
         or any(ord(c) < 32 or ord(c) == 127 for c in name)
     )
     assert (problem is not None) == bad
+
+
+def test_collector_points_get_their_own_labels_and_never_start_an_attempt(db_path):
+    with runwatch.init(name="r", store=db_path, labels={"host": "n1"}) as run:
+        run.log({"loss": 2.0}, step=100)
+        run.log_labeled({"gpu_temp_c": 61.0}, {"gpu": 0})
+        run.log_labeled({"gpu_temp_c": 75.0}, {"gpu": 1}, step=3)  # a late reading
+        run.log({"loss": 1.9}, step=101)
+        run.flush()
+        assert run.stats()["attempt"] == 1
+    with runwatch.open_store(str(db_path)) as store:
+        series = store.series("r").set_index(["metric", "gpu"])
+        assert series.loc[("gpu_temp_c", 1), "host"] == "n1"
+        gpu0 = store.read_series("r", "gpu_temp_c", {"host": "n1", "gpu": 0})
+        gpu1 = store.read_series("r", "gpu_temp_c", {"host": "n1", "gpu": 1})
+    assert (gpu0["step"].tolist(), gpu0["value"].tolist()) == ([100], [61.0])
+    assert (gpu1["step"].tolist(), gpu1["value"].tolist()) == ([3], [75.0])
