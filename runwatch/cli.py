@@ -52,12 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="stream a realistic run with faults into a store",
-        description="Stream a realistic training run (warm-up, noisy "
-        "power-law loss, grad norms, LR schedule, throughput) with real "
-        "faults -- a loss spike, a NaN, a crash and restart from a "
-        "checkpoint, a throughput drop -- through the logging hook into "
-        "the store, and say what was written.",
+        help="a live run with realistic faults, monitored, with the dashboard open",
+        description="Stream a realistic training run (warm-up, noisy power-law loss, grad "
+        "norms, LR schedule, throughput) with real faults -- a loss spike, a NaN, a crash and "
+        "restart from a checkpoint, a throughput drop -- through the logging hook into the "
+        "store, with live detection, and serve the dashboard on it (its URL is printed; "
+        "Ctrl-C stops it). With --no-dashboard the run goes as fast as it can, and the "
+        "command prints what it wrote and the anomalies found, then exits.",
     )
     _db_arg(demo)
     demo.add_argument("--steps", type=int, default=3000, help="training steps (>= 200)")
@@ -71,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         metavar="STEPS_PER_S",
-        help="slow the run to this many steps per second (0: as fast as possible)",
+        help="steps per second (default: 20 with the dashboard, as fast as possible without)",
     )
     demo.add_argument("--seed", type=int, default=0, help="random seed of the simulated run")
 
@@ -165,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
 _COMMAND_MODULES = (
     # Each subsystem owns its commands: ``register(sub)`` adds its subparsers and returns
     # {command: handler(args) -> exit code}; handlers raise ValueError/StoreError for exit 2.
+    "runwatch.dashboard.cli",
+    "runwatch.server.cli",
+    "runwatch.alerting.cli",
 )
 
 
@@ -265,6 +269,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     if args.steps < 200:
         raise CommandError(f"--steps must be at least 200 (got {args.steps})")
+    if not args.no_dashboard:
+        from runwatch.demo.runner import serve_demo
+
+        return serve_demo(
+            args.db,
+            steps=args.steps,
+            seed=args.seed,
+            pace=args.pace or None,
+            host="127.0.0.1",
+            port=8501,
+            open_browser=True,
+        )
     report = run_demo(args.db, steps=args.steps, pace=args.pace, seed=args.seed)
     print(report)
     return EXIT_OK

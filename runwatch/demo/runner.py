@@ -9,11 +9,16 @@ store shows two attempts and the redone steps as lost work.
 from __future__ import annotations
 
 import logging
+import signal
+import subprocess
+import sys
+import threading
 import time
+import webbrowser
 from dataclasses import dataclass
 
 import runwatch
-from runwatch.demo.scenario import demo_scenario, describe_faults
+from runwatch.demo.scenario import TOKENS_PER_STEP, demo_scenario, describe_faults
 
 log = logging.getLogger("runwatch.demo")
 
@@ -29,6 +34,9 @@ class DemoReport:
     metrics: list[str]
     attempts: int
     faults: list[tuple[str, int, str]]
+    anomalies: list[tuple[int, int, str, str, str, str]]
+    """(start, end, severity, detector, metric, message) found live, warning or worse."""
+    info_count: int
 
     def __str__(self) -> str:
         lines = [
@@ -38,6 +46,15 @@ class DemoReport:
             "faults in it:",
         ]
         lines += [f"  step {step:>6}  {kind:<15} {text}" for kind, step, text in self.faults]
+        lines.append(
+            f"found while it ran: {len(self.anomalies)} anomalies of warning or worse "
+            f"(and {self.info_count} info):"
+        )
+        for start, end, severity, detector, metric, message in self.anomalies:
+            where = f"{start}" if start == end else f"{start}-{end}"
+            lines.append(
+                f"  steps {where:>11}  {severity:<8} {detector:<14} {metric:<13} {message}"
+            )
         lines.append(
             f"look at it: runwatch runs --db {self.db}; "
             f"runwatch export --db {self.db} --run {self.run}"
@@ -50,7 +67,16 @@ def run_demo(
 ) -> DemoReport:
     """Stream the scenario into ``db``; ``pace`` > 0 limits it to that many steps/s."""
     name = name or f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    config = {"model": "gpt2-124m (simulated)", "steps": steps, "seed": seed, "peak_lr": 6e-4}
+    # params and tokens_per_step let the dashboard draw a tokens axis and place the run in
+    # the scaling view (compute = 6 x params x tokens).
+    config = {
+        "model": "gpt2-124m (simulated)",
+        "steps": steps,
+        "seed": seed,
+        "peak_lr": 6e-4,
+        "params": 124_000_000,
+        "tokens_per_step": TOKENS_PER_STEP,
+    }
     run = runwatch.init(name=name, project="demo", config=config, store=db, resume=False)
     points, attempts = 0, 1
     metrics: set[str] = set()
@@ -69,4 +95,73 @@ def run_demo(
             time.sleep(1.0 / pace)
     run.finish()
     faults = [(f.kind, f.step, f.description) for f in describe_faults(steps)]
-    return DemoReport(db, name, steps, points, sorted(metrics), attempts, faults)
+    with runwatch.open_store(db) as store:
+        found = store.anomalies(name, source="live")
+    serious = found[found["severity"] != "info"]
+    listed = [
+        (int(r.start_step), int(r.end_step), r.severity, r.detector, r.metric, r.message)
+        for r in serious.itertuples()
+    ]
+    return DemoReport(
+        db, name, steps, points, sorted(metrics), attempts, faults, listed, len(found) - len(listed)
+    )
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+WATCHABLE_PACE = 20.0
+"""Steps per second when the dashboard is open: 3,000 steps take 2.5 minutes, slow enough to
+watch the spike, the NaN and the restart arrive, fast enough to see the whole story."""
+
+
+def serve_demo(
+    db: str,
+    *,
+    steps: int = 3000,
+    seed: int = 0,
+    pace: float | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8501,
+    open_browser: bool = True,
+) -> int:
+    """Serve the dashboard on ``db`` and stream the demo run into it at a watchable pace.
+
+    The dashboard runs as a child process (started before the first step, so the run is
+    seen live); after the run ends it stays up until Ctrl-C. Returns the exit code.
+    """
+    from runwatch.dashboard.server import free_port, launch, startup_log, url_of, wait_ready
+
+    runwatch.open_store(db).close()  # the store exists before the dashboard looks at it
+    port = free_port(host, port)
+    proc = launch(db, host, port)
+    url = url_of(host, port)
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (a scheduler, `kill`) ends the demo like Ctrl-C: the server goes with it.
+        signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        if not wait_ready(url, timeout=60, proc=proc):
+            raise RuntimeError(f"the dashboard did not start on {url}: {startup_log(proc)}")
+        name = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+        pace = pace or WATCHABLE_PACE
+        print(
+            f"dashboard: {url}\nstreaming run {name!r} into {db} at {pace:g} steps/s "
+            f"(~{steps / pace:.0f} s); Ctrl-C to stop",
+            flush=True,
+        )
+        if open_browser:
+            webbrowser.open(url)
+        print(run_demo(db, steps=steps, pace=pace, seed=seed, name=name), flush=True)
+        print(f"the run has finished; the dashboard stays up at {url} (Ctrl-C to stop)", flush=True)
+        proc.wait()
+    except KeyboardInterrupt:
+        print("stopping the dashboard", file=sys.stderr)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # never leave a server behind
+                proc.kill()
+    return 0

@@ -44,8 +44,9 @@ class CurveDeviation(Detector):
     power law cannot know the schedule (``runwatch.expect.fit_lr_law`` can, in forecasts).
 
     Baseline protection: points whose smoothed value is in the upper ``1 - learn_frac`` of
-    the band or above it are not binned, so a plateau is not fitted as the new normal. The cost: after a real lasting shift it warns until ``adapt_after``
-    flagged points, then starts its fit afresh from the new level.
+    the band or above it are not binned, so a plateau is not fitted as the new normal. The
+    cost: after a real lasting shift it warns until ``adapt_after`` flagged points (or
+    until the step is twice the last learned one), then fits afresh from the new level.
 
     >>> import random
     >>> rng = random.Random(3)
@@ -55,7 +56,7 @@ class CurveDeviation(Detector):
     >>> curve[1500:] = [curve[1500]] * 1500  # plateau from step 1501
     >>> hits = [(i, sig.severity) for i, v in zip(s, curve) if (sig := d.update(i, v))]
     >>> hits[0]
-    (2152, 'warning')
+    (1722, 'warning')
     """
 
     name = "curve_deviation"
@@ -65,7 +66,7 @@ class CurveDeviation(Detector):
         self,
         span: int = 50,
         band_sigmas: float = 4.0,
-        rel_margin: float = 0.01,
+        rel_margin: float = 0.005,
         max_val_err: float = 0.05,
         patience: int = 20,
         min_points: int = 1000,
@@ -188,7 +189,7 @@ class CurveDeviation(Detector):
             self._law = None
             return
         fwd = np.abs(prev.predict(bs[new]) - bv[new]) / np.maximum(np.abs(bv[new]), 1e-12)
-        val_err = max(float(np.max(err)), float(np.max(fwd)))
+        val_err = max(float(np.median(err)), float(np.median(fwd)))
         if val_err > self.max_val_err:
             self._n_untrusted += 1
             self._law = None
@@ -205,8 +206,11 @@ class CurveDeviation(Detector):
         if self._n >= self._next_fit:
             self._refit(step)
             self._next_fit = int(self._n * self.refit_growth) + 1
+        if self._law is not None and step > 2.0 * self._last_learned:
+            # Too far beyond what the fit has seen (a huge step gap): refit before judging.
+            self._law = None
         law = self._law
-        if law is None or step > 2.0 * self._last_learned:
+        if law is None:
             self._exp_ema = math.nan
             self._over = self._under = self._flagged = 0
             self._learn(step, value)

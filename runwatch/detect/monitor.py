@@ -22,6 +22,7 @@ from runwatch.model import LABEL_KEYS, SEVERITIES, Anomaly, Event
 log = logging.getLogger("runwatch.detect")
 
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
+_NO_LABELS = (None, None, None)
 PRECURSOR_WINDOW = 20
 """A grad-norm spike at most this many steps before a loss spike is linked to it."""
 
@@ -102,6 +103,12 @@ class Monitor:
         self._n_points = 0
         self._n_out_of_order = 0
         self._n_errors = 0
+        self._n_bad = 0
+        # Batch replay (runwatch.detect.batch) defers precursor links and orders anomalies
+        # by the row that opened them; live use leaves these unused.
+        self._deferred: list[tuple[int, _Series, int, Anomaly]] | None = None
+        self._row = 0
+        self._order: dict[int, tuple[int, int, int]] = {}
         self._gn_spike: dict[tuple[Any, ...], tuple[int, Anomaly]] = {}
         self._loss_spike: dict[tuple[Any, ...], tuple[int, Anomaly]] = {}
 
@@ -130,6 +137,7 @@ class Monitor:
             "series": len(self._series),
             "out_of_order_points": self._n_out_of_order,
             "detector_errors": self._n_errors,
+            "bad_points": self._n_bad,
             "spike_score": spike_score,
             "grad_norm_spike_score": grad_spike_score,
             "open_anomalies": sum(a.is_open for a in self._anomalies),
@@ -146,16 +154,18 @@ class Monitor:
         time: float | None = None,
     ) -> list[Anomaly]:
         """Feed one point; return the anomalies opened, updated or closed by it."""
-        if labels:
-            lk = tuple(_norm_label(labels.get(k)) for k in LABEL_KEYS)
-        else:
-            lk = (None, None, None)
+        lk = tuple(_norm_label(labels.get(k)) for k in LABEL_KEYS) if labels else _NO_LABELS
         series = self._series.get((metric, lk))
         if series is None:
             series = self._new_series(metric, lk)
         self._n_points += 1
-        step = int(step)
-        value = float(value)
+        try:
+            step = int(step)
+            value = float(value)
+        except (TypeError, ValueError, OverflowError):
+            # Not a number: the hook refuses these; a direct caller gets a count, not a crash.
+            self._n_bad += 1
+            return []
         dets = series.detectors
         last = series.last_step
         if last is None or step >= last:
@@ -173,35 +183,43 @@ class Monitor:
             self._n_out_of_order += 1
             dets = dets[:1]
         out: list[Anomaly] = []
-        for i, det in enumerate(dets):
-            try:
-                sig = det.update(step, value)
-            except Exception:
-                # A runwatch bug must never kill a training run: log it, count it, go on.
-                self._n_errors += 1
-                if self._n_errors <= 10:
-                    log.exception("detector %s failed on %s step %s", det.name, series.key, step)
-                sig = None
-            ep = series.open[i]
-            if sig is not None:
-                series.quiet[i] = 0
-                if ep is None:
-                    ep = self._open(series, det, step, sig)
-                    series.open[i] = ep
-                    out.append(ep)
-                    if det.name == "spike":
-                        self._link_precursor(series, step, ep, out)
-                else:
-                    self._grow(ep, step, sig)
-                    out.append(ep)
-            elif ep is not None:
-                series.quiet[i] += 1
-                if series.quiet[i] >= det.quiet:
-                    ep.is_open = False
-                    ep.details["recovered"] = True
-                    series.open[i] = None
-                    out.append(ep)
+        for i in range(len(dets)):
+            self._feed(series, i, step, value, out)
         return out
+
+    def _feed(self, series: _Series, i: int, step: int, value: float, out: list[Anomaly]):
+        """One detector, one point: open, grow or close its episode (shared with batch)."""
+        det = series.detectors[i]
+        try:
+            sig = det.update(step, value)
+        except Exception:
+            # A runwatch bug must never kill a training run: log it, count it, go on.
+            self._n_errors += 1
+            if self._n_errors <= 10:
+                log.exception("detector %s failed on %s step %s", det.name, series.key, step)
+            sig = None
+        ep = series.open[i]
+        if sig is not None:
+            series.quiet[i] = 0
+            if ep is None:
+                ep = self._open(series, det, step, sig)
+                series.open[i] = ep
+                out.append(ep)
+                if det.name == "spike":
+                    if self._deferred is None:
+                        self._link_precursor(series, step, ep, out)
+                    else:
+                        self._deferred.append((self._row, series, step, ep))
+            else:
+                self._grow(ep, step, sig)
+                out.append(ep)
+        elif ep is not None:
+            series.quiet[i] += 1
+            if series.quiet[i] >= det.quiet:
+                ep.is_open = False
+                ep.details["recovered"] = True
+                series.open[i] = None
+                out.append(ep)
 
     def event(self, event: Event) -> list[Anomaly]:
         """Take a run event; after ``restart``/``resume`` steps may go back."""
@@ -235,6 +253,7 @@ class Monitor:
         details = dict(sig.details)
         details["role"] = s.role
         details["points"] = 1
+        details["first_observed"] = sig.observed
         a = Anomaly(
             detector=det.name,
             metric=s.metric,
@@ -251,6 +270,8 @@ class Monitor:
             details=details,
         )
         self._anomalies.append(a)
+        if self._deferred is not None:
+            self._order[id(a)] = (self._row, s.detectors.index(det), 0)
         return a
 
     @staticmethod
@@ -305,7 +326,7 @@ class Monitor:
             end_step=loss.start_step,
             severity="info",
             score=float(lead),
-            observed=gn.observed,
+            observed=gn.details["first_observed"],  # not gn.observed: it changes later
             message=(
                 f"{gn.metric} spiked at step {gn.start_step}, {lead} steps before the "
                 f"{loss.metric} spike at step {loss.start_step}"

@@ -6,7 +6,6 @@ import math
 
 from runwatch.detect.base import Detector, Signal, check_severity
 
-
 NONFINITE_SCORE = 1000.0
 """The score of a non-finite point: finite, so JSON output stays standard."""
 

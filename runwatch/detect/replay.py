@@ -24,6 +24,13 @@ def _label_value(v):
     return v
 
 
+def _batch(mon, metric, points, order, label_cols, step_arr, value) -> bool:
+    from runwatch.detect.batch import replay_batch
+
+    cols = {k: points[k].to_numpy(dtype=object)[order] for k in label_cols}
+    return replay_batch(mon, metric, cols, step_arr, value)
+
+
 def _events(events: pd.DataFrame | None) -> list[tuple[float, Event]]:
     if events is None or len(events) == 0:
         return []
@@ -49,13 +56,16 @@ def analyze_frame(
     config: dict | None = None,
     *,
     monitor: Monitor | None = None,
+    fast: bool = True,
 ) -> list[Anomaly]:
     """Replay ``points`` (columns metric, step, value[, time, rank, host, gpu]) through a
     Monitor and return every anomaly episode, all closed, in the order they opened.
 
     ``events`` (columns kind, step[, time, message]) are fed before the first point of
     their step, so a ``restart``/``resume`` lets the steps after it go back.
-    Pass ``monitor`` to read its ``health`` afterwards.
+    Pass ``monitor`` to read its ``health`` afterwards. ``fast`` runs the batch path
+    (``runwatch.detect.batch``: same code, series by series, identical anomalies); with
+    ``fast=False`` every row goes through ``Monitor.update`` as it would live.
 
     >>> import pandas as pd
     >>> pts = pd.DataFrame({"metric": ["loss"] * 3, "step": [0, 1, 2],
@@ -78,6 +88,11 @@ def analyze_frame(
         else np.full(n, np.nan)
     )
     label_cols = [k for k in LABEL_KEYS if k in points.columns]
+    if fast and _batch(mon, metric, points, order, label_cols, step_arr, value):
+        # Events cannot change a replay in step order (steps never go back), so the batch
+        # path ignores them; see runwatch.detect.batch.
+        mon.finish()
+        return mon.anomalies
     if label_cols:
         cols = [points[k].to_numpy(dtype=object)[order] for k in label_cols]
         labels = [

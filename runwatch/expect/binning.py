@@ -7,6 +7,7 @@ the step: 10M steps -> under 200 bins).
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -44,7 +45,7 @@ def bin_arrays(
     bounds = np.concatenate(([0], cuts, [idx.size]))
     n = np.diff(bounds)
     bs = np.add.reduceat(steps, bounds[:-1]) / n
-    bv = np.array([np.median(values[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+    bv = np.array([np.median(values[a:b]) for a, b in itertools.pairwise(bounds)])
     return bs, bv, n
 
 

@@ -113,10 +113,10 @@ def forecast(
         sel = ok & (s <= up)
     if sel.sum() < MIN_POINTS:
         raise TooLittleData(int(sel.sum()), MIN_POINTS, "finite points up to the fit step")
-    bs, bv, n = bin_arrays(s[sel], v[sel])
+    bs, bv, _ = bin_arrays(s[sel], v[sel])
     if bs.size < MIN_POINTS:
         # Few bins (sparse logging): fit the points themselves.
-        bs, bv, n = s[sel], v[sel], np.ones(int(sel.sum()), dtype=int)
+        bs, bv = s[sel], v[sel]
     if reference is not None:
         mean_fn, sigma, model = reference.aligned(bs, bv), reference.sigma, "reference"
     elif lr_steps is not None and lr_values is not None and len(lr_steps) > 0:

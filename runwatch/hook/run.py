@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+from runwatch.alerting.setup import configure as configure_alerting
 from runwatch.detect.live import LiveDetection
 from runwatch.hook.backend import Backend, StoreBackend
 from runwatch.hook.drops import DROP_REASONS, DropCounter
@@ -59,6 +60,10 @@ class Run:
         store_retries: int = 3,
         monitor: bool | Mapping[str, str] = True,
         backend: Backend | None = None,
+        webhook: str | None = None,
+        alerts: str | os.PathLike[str] | None = None,
+        alert_timeout: float = 10.0,
+        prometheus_port: int | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"run name must be a non-empty str, got {name!r}")
@@ -81,6 +86,11 @@ class Run:
         self.run_id: int | None = None
         self._finished = False
         self._pid = os.getpid()
+        # Alerting and /metrics are decided here, once; a bad rules file fails init.
+        self._alert_timeout = alert_timeout
+        self._alerting = configure_alerting(
+            self, webhook=webhook, alerts=alerts, prometheus_port=prometheus_port
+        )
         try:
             self._backend = backend if backend is not None else StoreBackend(self.store_path)
             self.run_id, attempt = self._backend.start_run(name, project, self.config, resume)
@@ -100,7 +110,10 @@ class Run:
         # for the embedded store (a server runs its own), a mapping gives metric roles.
         if monitor and isinstance(self._backend, StoreBackend):
             self._detection = LiveDetection(
-                self.store_path, self.run_id, monitor if isinstance(monitor, Mapping) else None
+                self.store_path,
+                self.run_id,
+                monitor if isinstance(monitor, Mapping) else None,
+                on_change=self._alerting.on_change if self._alerting else None,
             )
         self._writer = Writer(
             log_queue=self._queue,
@@ -245,6 +258,8 @@ class Run:
                 self._drops.add("queue_full", lost)
         if self._detection is not None:
             self._detection.close(max(1.0, timeout - (time.monotonic() - started)))
+        if self._alerting is not None:  # bounded wait for pending alerts
+            self._alerting.close(self._alert_timeout)
         self._close_backend(status)
         if _current is self:
             _current = None
@@ -304,6 +319,12 @@ def init(
 
     ``store`` defaults to ``$RUNWATCH_STORE`` or ``runwatch.db`` in the working directory.
     A run of the same name resumes as a new attempt unless ``resume=False``.
+
+    Alerting options: ``webhook=URL`` (or ``$RUNWATCH_WEBHOOK_URL``) sends warnings and worse
+    to a JSON webhook with the packaged default rules; ``alerts=PATH`` (or
+    ``$RUNWATCH_ALERTS``) uses a rules file (see ``runwatch.alerting``); ``alert_timeout``
+    (default 10 s) bounds how long ``finish()`` waits for pending alerts;
+    ``prometheus_port=P`` serves ``/metrics`` on 127.0.0.1:P (0 picks a free port).
     """
     global _current
     if name is None:

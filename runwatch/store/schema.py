@@ -150,7 +150,45 @@ CREATE TABLE expected_curves (
 ) WITHOUT ROWID;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+# v3: alert silences (``runwatch silence``), and when each outbox row was delivered plus a
+# one-line summary of it, so the dashboard can list alerts without parsing payloads (the
+# payload never holds a URL or secret: those stay in the rules file).
+_V3 = """
+CREATE TABLE alert_silences (
+    id          INTEGER PRIMARY KEY,
+    matchers    TEXT NOT NULL,          -- JSON {"run": "gpt-*", "severity": "warning", ...}
+    starts_at   REAL NOT NULL,
+    ends_at     REAL NOT NULL,
+    comment     TEXT NOT NULL DEFAULT '',
+    author      TEXT,
+    created     REAL NOT NULL
+);
+ALTER TABLE alert_outbox ADD COLUMN sent_at REAL;
+ALTER TABLE alert_outbox ADD COLUMN summary TEXT NOT NULL DEFAULT ''
+"""
+
+# v4: the ingest server (``runwatch serve``). ``ingest_clients`` holds each client's highest
+# stored batch sequence number, written in the same transaction as the batch's points, so a
+# batch retried after a timeout or replayed from a spill file is stored once, even across a
+# server restart. ``run_launches`` maps a job launch (all ranks of one torchrun/SLURM/MPI job
+# start) to the attempt its ranks share, so 256 ranks starting a run make one attempt.
+_V4 = """
+CREATE TABLE ingest_clients (
+    client_id   TEXT PRIMARY KEY,
+    run_id      INTEGER NOT NULL REFERENCES runs(id),
+    last_seq    INTEGER NOT NULL,
+    updated     REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE run_launches (
+    run_id      INTEGER NOT NULL REFERENCES runs(id),
+    launch_id   TEXT NOT NULL,
+    attempt     INTEGER NOT NULL,
+    created     REAL NOT NULL,
+    PRIMARY KEY (run_id, launch_id)
+) WITHOUT ROWID;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -28,7 +28,9 @@ import pandas as pd
 from runwatch.model import LABEL_KEYS, RUN_STATUSES, Event
 from runwatch.store.downsample import minmax_downsample
 from runwatch.store.errors import RunExistsError, RunNotFoundError, StoreError
+from runwatch.store.ingest import IngestTables
 from runwatch.store.judgements import JudgementTables
+from runwatch.store.outbox import OutboxTables
 from runwatch.store.points import BlockAppender, PointArrays, latest_points, mark_superseded
 from runwatch.store.points import read_blocks as _read_blocks
 from runwatch.store.schema import migrate
@@ -50,7 +52,7 @@ def labels_key(labels: Mapping[str, Any] | None) -> str:
     return json.dumps(clean, separators=(",", ":"), default=str)
 
 
-class Store(JudgementTables):
+class Store(JudgementTables, OutboxTables, IngestTables):
     """A runwatch store in one SQLite file (created, and migrated, on open)."""
 
     def __init__(

@@ -1,0 +1,138 @@
+"""An alert: one anomaly episode as the alerting side sees it (labels, status, numbers).
+
+The labels are what routes, silences, inhibition and grouping work on, as in Alertmanager;
+the numbers (observed vs expected with its band, the steps) are what the message says. An
+alert's identity is the anomaly's row id in the store, so an episode that grows or closes
+updates the same alert rather than making a new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from runwatch.model import Anomaly
+
+
+@dataclass(slots=True)
+class Alert:
+    """A firing or resolved alert; ``ends_at`` is set when the episode closed."""
+
+    id: int
+    labels: dict[str, str]
+    status: str
+    starts_at: float
+    ends_at: float | None
+    start_step: int
+    end_step: int
+    score: float
+    observed: float | None
+    expected: float | None
+    lower: float | None
+    upper: float | None
+    message: str
+
+    @property
+    def run(self) -> str:
+        return self.labels["run"]
+
+    @property
+    def severity(self) -> str:
+        return self.labels["severity"]
+
+    @property
+    def fingerprint(self) -> str:
+        """Alertmanager's notion: a stable hash of the label set (16 hex digits)."""
+        text = json.dumps(self.labels, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def summary(self) -> str:
+        """One line with the numbers: what, where, observed vs expected and band, when."""
+        where = self.labels["metric"]
+        extra = [f"{k} {self.labels[k]}" for k in ("rank", "host", "gpu") if self.labels.get(k)]
+        if extra:
+            where += f" ({', '.join(extra)})"
+        text = f"{self.run}: {self.labels['detector']} on {where}"
+        if self.observed is not None:
+            text += f": {_num(self.observed)}"
+            if self.expected is not None:
+                text += f" vs expected {_num(self.expected)}"
+            if self.lower is not None and self.upper is not None:
+                text += f" [{_num(self.lower)}, {_num(self.upper)}]"
+        steps = (
+            f"step {self.start_step}"
+            if self.start_step == self.end_step
+            else f"steps {self.start_step}-{self.end_step}"
+        )
+        text += f" at {steps}"
+        if self.status == "resolved":
+            text += " (resolved)"
+        return text
+
+    def link(self, dashboard_url: str | None) -> str | None:
+        if not dashboard_url:
+            return None
+        base = dashboard_url.rstrip("/")
+        return f"{base}/runs?run={quote(self.run)}&anomaly={self.id}&step={self.start_step}"
+
+    def numbers(self) -> dict[str, Any]:
+        return {
+            "start_step": self.start_step,
+            "end_step": self.end_step,
+            "score": _json_num(self.score),
+            "observed": _json_num(self.observed),
+            "expected": _json_num(self.expected),
+            "lower": _json_num(self.lower),
+            "upper": _json_num(self.upper),
+        }
+
+
+def alert_from_anomaly(
+    row_id: int, anomaly: Anomaly, run: str, project: str | None, now: float
+) -> Alert:
+    """The alert for an anomaly episode of ``run`` (``now`` is when it was seen)."""
+    labels = {
+        "alertname": anomaly.detector,
+        "run": run,
+        "project": project or "",
+        "detector": anomaly.detector,
+        "metric": anomaly.metric,
+        "severity": anomaly.severity,
+    }
+    for key in ("rank", "host", "gpu"):
+        value = anomaly.labels.get(key)
+        if value is not None:
+            labels[key] = str(value)
+    return Alert(
+        id=row_id,
+        labels=labels,
+        status="firing" if anomaly.is_open else "resolved",
+        starts_at=now,
+        ends_at=None if anomaly.is_open else now,
+        start_step=int(anomaly.start_step),
+        end_step=int(anomaly.end_step),
+        score=float(anomaly.score),
+        observed=anomaly.observed,
+        expected=anomaly.expected,
+        lower=anomaly.lower,
+        upper=anomaly.upper,
+        message=anomaly.message,
+    )
+
+
+def _num(x: float) -> str:
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x).lower()
+    return f"{x:.4g}"
+
+
+def _json_num(x: float | None) -> float | str | None:
+    """JSON has no NaN: non-finite values (a NaN loss is the news) are sent as strings."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else str(x).lower()

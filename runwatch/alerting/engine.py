@@ -1,0 +1,220 @@
+"""The alert engine: anomaly changes in, grouped, filtered messages into the outbox.
+
+``observe`` is called by live detection (from its thread) each time episodes open, grow or
+close; it only updates the in-memory groups and wakes the engine's thread. That thread
+flushes groups whose time has come (``grouping.py``), drops what is silenced or inhibited,
+renders one body per channel and writes them to the outbox in one transaction; the
+:class:`Sender` thread delivers from there. ``close`` flushes every group at once (a run
+that finishes does not wait out ``group_wait``) and waits, bounded, for the outbox.
+
+What survives a crash: everything in the outbox. Alerts still inside ``group_wait`` when the
+process is killed are not yet there; their anomalies are in the store, and ``runwatch
+analyze`` shows them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import httpx
+
+from runwatch.alerting.alert import Alert, alert_from_anomaly
+from runwatch.alerting.grouping import Grouper, Notification
+from runwatch.alerting.payloads import group_summary, render
+from runwatch.alerting.rules import Rules, matches
+from runwatch.alerting.sender import Sender
+from runwatch.model import Anomaly
+from runwatch.store import Store
+
+log = logging.getLogger("runwatch.alerting")
+
+SILENCE_REFRESH = 1.0
+"""Seconds between re-reads of the silences table: `runwatch silence add` acts this fast."""
+
+
+class AlertEngine:
+    """Rules + grouping + silences + inhibition + the outbox sender, for one store."""
+
+    def __init__(
+        self,
+        rules: Rules,
+        store_path: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+        client: httpx.Client | None = None,
+        start: bool = True,
+    ) -> None:
+        self.rules = rules
+        self.store_path = store_path
+        self._clock = clock
+        self._grouper = Grouper(rules)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._store: Store | None = None
+        self._silences: list[dict[str, tuple[str, ...]]] = []
+        self._silences_read = float("-inf")
+        self.sender = Sender(store_path, rules, clock=clock, rng=rng, client=client)
+        self.enqueued = 0
+        self._thread: threading.Thread | None = None
+        if start:
+            self._thread = threading.Thread(target=self._loop, name="runwatch-alerts", daemon=True)
+            self._thread.start()
+            self.sender.start()
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = Store(self.store_path)
+        return self._store
+
+    # -- input -------------------------------------------------------------------------------
+    def observe(
+        self, run: str, project: str | None, changes: Iterable[tuple[int, Anomaly]]
+    ) -> None:
+        """Episodes of ``run`` that opened, grew or closed: (row id in the store, anomaly)."""
+        now = self._clock()
+        with self._lock:
+            for row_id, anomaly in changes:
+                alert = alert_from_anomaly(row_id, anomaly, run, project, now)
+                self._grouper.add(alert, now)
+        self._wake.set()
+
+    def bind(self, run: str, project: str | None) -> Callable[[list[tuple[int, Anomaly]]], None]:
+        """``observe`` for one run: what ``LiveDetection(on_change=...)`` takes."""
+
+        def on_change(changes: list[tuple[int, Anomaly]]) -> None:
+            self.observe(run, project, changes)
+
+        return on_change
+
+    # -- one flush ---------------------------------------------------------------------------
+    def tick(self, *, everything: bool = False) -> int:
+        """Flush due groups (all if ``everything``) into the outbox; return messages written."""
+        now = self._clock()
+        self._refresh_silences(now)
+        with self._lock:
+            visible = self._visibility()
+            notes = self._grouper.due(now, visible, everything=everything)
+        if not notes:
+            return 0
+        messages = [m for note in notes for m in self._messages(note)]
+        written = self.store.enqueue_alerts(messages, now)
+        self.enqueued += written
+        log.info("runwatch: %d alert messages queued (%d groups)", written, len(notes))
+        self.sender.wake()
+        return written
+
+    def _messages(self, note: Notification) -> list[tuple[str, str, str, str]]:
+        out = []
+        summary = group_summary(note)
+        for name in note.route.channels:
+            channel = self.rules.channels[name]
+            key = f"rw-{uuid.uuid4().hex}"
+            body = render(channel, note, key, self.rules.dashboard_url)
+            out.append((key, name, json.dumps(body, separators=(",", ":")), summary))
+        return out
+
+    def _visibility(self) -> Callable[[Alert], bool]:
+        """Not silenced and not inhibited, decided on the alerts firing right now."""
+        silences = self._silences
+        firing = self._grouper.firing()
+        sources: list[tuple[Any, Counter[tuple[str, ...]]]] = []
+        for rule in self.rules.inhibit:
+            counts = Counter(
+                tuple(a.labels.get(k, "") for k in rule.equal)
+                for a in firing
+                if matches(rule.source, a.labels)
+            )
+            sources.append((rule, counts))
+
+        def visible(alert: Alert) -> bool:
+            labels = alert.labels
+            if any(matches(s, labels) for s in silences):
+                return False
+            for rule, counts in sources:
+                if not counts or not matches(rule.target, labels):
+                    continue
+                need = 2 if alert.status == "firing" and matches(rule.source, labels) else 1
+                if counts[tuple(labels.get(k, "") for k in rule.equal)] >= need:
+                    return False
+            return True
+
+        return visible
+
+    def _refresh_silences(self, now: float) -> None:
+        if now - self._silences_read < SILENCE_REFRESH:
+            return
+        self._silences_read = now
+        try:
+            active = self.store.silences(active_at=now)
+        except Exception as exc:
+            log.warning("runwatch: cannot read silences: %s", exc)
+            return
+        self._silences = [{k: (str(v),) for k, v in s["matchers"].items()} for s in active]
+
+    # -- the thread --------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+                with self._lock:
+                    due = self._grouper.next_due()
+                pause = 1.0 if due is None else due - self._clock()
+            except Exception:
+                log.exception("runwatch: the alert engine failed a flush; trying again")
+                pause = 1.0
+            self._wake.wait(min(max(pause, 0.001), SILENCE_REFRESH))
+            self._wake.clear()
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Send everything now: flush every group, wait up to ``timeout`` s for the outbox."""
+        deadline = time.monotonic() + timeout
+        self.tick(everything=True)
+        self.sender.wake()
+        inline = not self.sender.running
+        while True:
+            if inline:
+                self.sender.run_once()
+            pending = self.sender.pending()
+            if pending == 0:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+    def close(self, timeout: float = 10.0) -> bool:
+        """Flush, wait (bounded) for pending alerts, stop the threads; True if all went out."""
+        started = time.monotonic()
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(min(timeout, 2.0))
+        try:
+            done = self.flush(timeout)
+        except Exception:
+            log.exception("runwatch: flushing alerts failed")
+            done = False
+        if not done:
+            pending = self.sender.pending()
+            log.warning(
+                "runwatch: %d alert messages still pending after %.1f s; they stay in the "
+                "outbox of %s and go out with the next runwatch process that sends for it",
+                pending,
+                time.monotonic() - started,
+                self.store_path,
+            )
+        self.sender.close(max(0.5, timeout - (time.monotonic() - started)))
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+        return done

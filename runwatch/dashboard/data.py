@@ -1,0 +1,188 @@
+"""Every read the dashboard makes, cached: one module, so pages never touch SQL or the Store.
+
+Readers take plain hashable arguments (the store path, the run name, a step window) and
+return small frames: series come back already downsampled to at most ``MAX_POINTS`` per
+trace (min/max per bucket, so no spike or NaN is lost), because the browser, not the store,
+is the bottleneck for a million-step run. The TTLs are short (``LIVE_TTL``) so a live run's
+panels move on every fragment tick without each tick re-reading a quiet run from disk.
+
+The store is opened read-only once per path (``st.cache_resource``) and shared by every
+session; WAL mode lets it read while a training process writes. Verdicts are the one write,
+through a short-lived writable store.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from runwatch.analysis import planned_final_step
+from runwatch.dashboard import shaping
+from runwatch.expect.forecast import FIT_FROM, forecast
+from runwatch.store import Store, open_store
+from runwatch.store.downsample import minmax_downsample
+
+log = logging.getLogger("runwatch.dashboard")
+
+MAX_POINTS = 4000
+"""Points per trace on screen: dense enough to look continuous on a 4K monitor."""
+LIVE_TTL = 2.0
+FORECAST_TTL = 15.0
+FORECAST_POINTS = 4000
+CURVE_SAMPLES = 300
+
+
+@st.cache_resource(show_spinner=False)
+def reader(db: str) -> Store:
+    """The shared read-only store for ``db`` (errors are not cached: a fixed store opens)."""
+    log.info("opening %s read-only", db)
+    return open_store(db, readonly=True)
+
+
+@st.cache_data(ttl=LIVE_TTL, show_spinner=False)
+def runs(db: str) -> pd.DataFrame:
+    return reader(db).runs()
+
+
+@st.cache_data(ttl=LIVE_TTL, show_spinner=False)
+def metrics(db: str, run: str) -> list[str]:
+    return sorted(reader(db).series(run)["metric"].unique().tolist())
+
+
+@st.cache_data(ttl=LIVE_TTL, show_spinner=False)
+def attempts(db: str, run: str) -> pd.DataFrame:
+    return reader(db).attempts(run)
+
+
+@st.cache_data(ttl=LIVE_TTL, show_spinner=False)
+def events(db: str, run: str) -> pd.DataFrame:
+    return reader(db).events(run)
+
+
+@st.cache_data(ttl=LIVE_TTL, show_spinner=False)
+def anomalies(db: str, run: str | None = None) -> pd.DataFrame:
+    """Anomalies (live ones, or replayed where a run has none live) with a triage state."""
+    frame = shaping.pick_source(reader(db).anomalies(run))
+    return frame.assign(state=frame["verdict"].map(shaping.triage_state))
+
+
+@st.cache_data(ttl=LIVE_TTL, show_spinner=False)
+def verdicts(db: str, anomaly_id: int) -> pd.DataFrame:
+    return reader(db).verdicts(anomaly_id)
+
+
+@st.cache_data(ttl=LIVE_TTL, show_spinner=False, max_entries=512)
+def series_view(
+    db: str,
+    run: str,
+    metric: str,
+    start: int | None = None,
+    end: int | None = None,
+    smoothing: float = 0.0,
+    max_points: int = MAX_POINTS,
+) -> pd.DataFrame:
+    """step, time, value, attempt, superseded, smooth: at most ``max_points`` rows.
+
+    Smoothing runs on the full-resolution points of the window, before downsampling (an EMA
+    of bucket extremes would be meaningless); the redone steps of earlier attempts get a
+    quarter of the budget, they are drawn faded for context.
+    """
+    raw = reader(db).read_series(run, metric, start=start, end=end, all_attempts=True)
+    old = raw[raw["superseded"]]
+    live = raw[~raw["superseded"]]
+    live = live.assign(smooth=shaping.ema(live["value"].to_numpy(), smoothing))
+    live = minmax_downsample(live, max_points)
+    if len(old):
+        old = minmax_downsample(old.assign(smooth=old["value"]), max(3, max_points // 4))
+        live = pd.concat([live, old], ignore_index=True)
+    return live.reset_index(drop=True)
+
+
+@st.cache_data(ttl=LIVE_TTL, show_spinner=False)
+def latest_values(db: str, run: str, metrics_: tuple[str, ...], lookback: int = 500) -> dict:
+    """Each metric's last finite value and its step (reads only the last ``lookback`` steps)."""
+    store = reader(db)
+    out: dict[str, tuple[int, float]] = {}
+    last = runs(db).set_index("name").get("last_step", pd.Series(dtype=float)).get(run)
+    start = None if last is None or pd.isna(last) else max(0, int(last) - lookback)
+    for metric in metrics_:
+        frame = store.read_series(run, metric, start=start)
+        frame = frame[np.isfinite(frame["value"])]
+        if len(frame):
+            out[metric] = (int(frame["step"].iloc[-1]), float(frame["value"].iloc[-1]))
+    return out
+
+
+@st.cache_data(ttl=FORECAST_TTL, show_spinner=False)
+def loss_forecast(db: str, run: str, metric: str) -> dict[str, Any] | None:
+    """The expected curve fitted on the run so far, its band, and the final value and ETA.
+
+    Fitted on the min/max-downsampled series (``FORECAST_POINTS``), not every point: the fit
+    bins points anyway, and this keeps a million-step run's forecast well under a second.
+    None when there is too little data to fit.
+    """
+    store = reader(db)
+    series = store.read_series(run, metric, max_points=FORECAST_POINTS)
+    if series.empty:
+        return None
+    lr = None
+    for name in ("lr", "learning_rate"):
+        lr = store.read_series(run, name, max_points=FORECAST_POINTS)
+        if len(lr):
+            break
+    last = int(series["step"].max())
+    final = planned_final_step(store, run) or last
+    try:
+        fc = forecast(
+            series["step"].to_numpy(),
+            series["value"].to_numpy(),
+            times=series["time"].to_numpy(),
+            lr_steps=None if lr is None or lr.empty else lr["step"].to_numpy(),
+            lr_values=None if lr is None or lr.empty else lr["value"].to_numpy(),
+            final_step=final,
+        )
+    except ValueError as exc:
+        log.info("no forecast for %s/%s: %s", run, metric, exc)
+        return None
+    first = max(int(series["step"].min()), 1)
+    steps = np.unique(np.geomspace(first, max(fc.final_step, last, first + 1), CURVE_SAMPLES))
+    mean, lower, upper = fc.curve(steps.round())
+    curve = pd.DataFrame({"step": steps.round(), "expected": mean, "lower": lower, "upper": upper})
+    now_mean, now_lower, now_upper = fc.curve(np.array([float(last)]))
+    return {
+        "model": fc.model,
+        "predicted": fc.predicted,
+        "lower": fc.lower,
+        "upper": fc.upper,
+        "eta_seconds": fc.eta_seconds,
+        "final_step": fc.final_step,
+        "last_step": last,
+        "fit_from": int(FIT_FROM * last),
+        "expected_now": float(now_mean[0]),
+        "band_now": (float(now_lower[0]), float(now_upper[0])),
+        "curve": curve,
+    }
+
+
+def save_verdict(db: str, anomaly_id: int, verdict: str, note: str, author: str | None) -> int:
+    """Store a person's verdict, then drop cached anomaly reads so every page shows it."""
+    with open_store(db) as store:
+        vid = store.add_verdict(verdict, anomaly_id=anomaly_id, note=note, author=author)
+    log.info("verdict %s on anomaly %d by %s", verdict, anomaly_id, author)
+    anomalies.clear()
+    verdicts.clear()
+    return vid
+
+
+def clear_all() -> None:
+    """Forget cached reads (the "refresh now" button)."""
+    st.cache_data.clear()
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,130 @@
+"""Serving the dashboard: the Streamlit command line, the environment, readiness.
+
+``runwatch dashboard`` runs Streamlit in its own process (so SIGTERM and Ctrl-C reach the
+server directly and the process measured is the server); ``runwatch demo`` starts the same
+command as a child next to the run it writes. The store path travels in ``DB_ENV``, never in
+the URL, so a browser cannot point the server at another file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import webbrowser
+from pathlib import Path
+
+from runwatch.dashboard import APP_PATH, DB_ENV
+
+log = logging.getLogger("runwatch.dashboard")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8501
+
+
+def streamlit_args(host: str, port: int) -> list[str]:
+    """``streamlit run`` arguments: headless (we open the browser ourselves, so Streamlit
+    never asks for an e-mail on first run), no telemetry, no file watcher, a light theme."""
+    return [
+        "run",
+        str(APP_PATH),
+        "--server.headless=true",
+        f"--server.address={host}",
+        f"--server.port={port}",
+        "--browser.gatherUsageStats=false",
+        "--server.fileWatcherType=none",
+        "--client.toolbarMode=minimal",
+        "--theme.base=light",
+        "--theme.primaryColor=#2563eb",
+    ]
+
+
+def url_of(host: str, port: int) -> str:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    return f"http://{shown}:{port}"
+
+
+def check_port(host: str, port: int) -> None:
+    """Fail fast, with the fix, when the port is taken (Streamlit's own error is buried)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ValueError(
+                f"cannot listen on {host}:{port} ({exc.strerror}); pass another --port"
+            ) from None
+
+
+def free_port(host: str, preferred: int) -> int:
+    """``preferred`` if it is free, else one the OS picks (the demo must not fail on 8501)."""
+    try:
+        check_port(host, preferred)
+        return preferred
+    except ValueError:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+            return int(probe.getsockname()[1])
+
+
+def wait_ready(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> bool:
+    """Poll Streamlit's health endpoint until it answers ``ok`` (False on timeout/exit)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=1) as resp:
+                if resp.read().strip() == b"ok":
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def launch(db: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> subprocess.Popen:
+    """Start the dashboard on ``db`` as a child process (for the demo and tests)."""
+    check_port(host, port)
+    env = {**os.environ, DB_ENV: str(Path(db).resolve())}
+    cmd = [sys.executable, "-m", "streamlit", *streamlit_args(host, port)]
+    log.info("starting dashboard: %s", " ".join(cmd))
+    # stderr goes to a file, not a pipe: nobody reads a pipe while the demo runs, and a full
+    # pipe would freeze the server. ``startup_log`` reads it back when start-up fails.
+    errors = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=errors)
+    proc.startup_errors = errors  # type: ignore[attr-defined]
+    return proc
+
+
+def startup_log(proc: subprocess.Popen) -> str:
+    """The last of what a launched dashboard wrote to stderr (to explain a failed start)."""
+    errors = getattr(proc, "startup_errors", None)
+    if errors is None:
+        return ""
+    errors.seek(0)
+    return errors.read().decode(errors="replace")[-2000:].strip()
+
+
+def serve(db: str, host: str, port: int, open_browser: bool) -> int:
+    """Run the dashboard in this process until it is stopped (blocks)."""
+    from streamlit.web import cli as stcli
+
+    check_port(host, port)
+    os.environ[DB_ENV] = str(Path(db).resolve())
+    url = url_of(host, port)
+    print(f"runwatch dashboard on {db}: {url}  (Ctrl-C to stop)", flush=True)
+    if open_browser:
+        threading.Thread(target=_open_when_ready, args=(url,), daemon=True).start()
+    stcli.main.main(args=streamlit_args(host, port), prog_name="streamlit", standalone_mode=False)
+    return 0
+
+
+def _open_when_ready(url: str) -> None:
+    if wait_ready(url):
+        webbrowser.open(url)

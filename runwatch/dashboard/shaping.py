@@ -1,0 +1,290 @@
+"""Pure frame transforms behind the dashboard: smoothing, x-axes, health, compute, scaling law.
+
+Nothing here imports Streamlit, so every rule a person reads off a page (what makes a run
+"critical", how tokens are counted, which law is fitted) is unit-tested on plain frames.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy.signal import lfilter
+
+from runwatch.detect.roles import role_of
+
+X_AXES: tuple[str, ...] = ("step", "wall time", "tokens")
+HEALTH: tuple[str, ...] = ("healthy", "warning", "critical")
+HEALTH_COLOR = {"healthy": "green", "warning": "orange", "critical": "red"}
+"""Streamlit badge colours per health state."""
+
+_TOKENS_PER_STEP_KEYS = ("tokens_per_step", "batch_tokens", "tokens_per_batch")
+_COMPUTE_KEYS = ("compute", "flops", "total_flops", "compute_flops")
+_PARAM_KEYS = ("params", "n_params", "num_params", "parameters", "model_params")
+_TOKEN_KEYS = ("tokens", "total_tokens", "train_tokens")
+
+
+def ema(values: np.ndarray | pd.Series, weight: float) -> np.ndarray:
+    """TensorBoard's debiased EMA: ``weight`` 0 is raw, 0.99 very smooth.
+
+    Non-finite values pass through unsmoothed and do not enter the average (as in
+    TensorBoard), so a NaN loss stays visible instead of poisoning every later point.
+
+    >>> ema(np.array([1.0, np.nan, 3.0]), 0.5).round(3).tolist()
+    [1.0, nan, 2.333]
+    """
+    x = np.asarray(values, dtype=np.float64)
+    if weight <= 0 or x.size == 0:
+        return x.copy()
+    if not 0 <= weight < 1:
+        raise ValueError(f"smoothing weight must be in [0, 1), got {weight}")
+    out = x.copy()
+    ok = np.isfinite(x)
+    finite = x[ok]
+    if finite.size:
+        smooth = lfilter([1.0 - weight], [1.0, -weight], finite)
+        debias = 1.0 - weight ** np.arange(1, finite.size + 1)
+        out[ok] = smooth / debias
+    return out
+
+
+def run_config(raw: str | None) -> dict[str, Any]:
+    """The run's config JSON as a dict ({} when empty or not an object)."""
+    import json
+
+    try:
+        parsed = json.loads(raw or "{}")
+    except ValueError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def metrics_by_role(metrics: list[str], config: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The first metric of each role (loss, grad_norm, lr, throughput, step_time).
+
+    ``loss`` itself wins over ``val_loss`` and friends: the training loss is the curve
+    people watch, the others are drawn when asked for.
+
+    >>> metrics_by_role(["val_loss", "loss", "lr", "gpu_mem"])
+    {'loss': 'loss', 'lr': 'lr'}
+    """
+    overrides = dict((config or {}).get("roles", {}) or {})
+    found: dict[str, str] = {}
+    for metric in sorted(metrics, key=lambda m: (m != "loss", m)):
+        role = role_of(metric, overrides)
+        if role != "other" and role not in found:
+            found[role] = metric
+    return found
+
+
+def tokens_per_step(config: Mapping[str, Any], sample: pd.DataFrame | None = None) -> float | None:
+    """Tokens processed per step: a config key, else median(tokens_per_s x step_time_s).
+
+    ``sample`` has columns tokens_per_s and step_time_s aligned by step (may be None).
+
+    >>> tokens_per_step({"tokens_per_step": 4096})
+    4096.0
+    """
+    for key in _TOKENS_PER_STEP_KEYS:
+        value = config.get(key)
+        if isinstance(value, (int, float)) and value > 0:
+            return float(value)
+    if sample is not None and {"tokens_per_s", "step_time_s"} <= set(sample.columns):
+        product = (sample["tokens_per_s"] * sample["step_time_s"]).to_numpy(dtype=float)
+        product = product[np.isfinite(product) & (product > 0)]
+        if product.size:
+            return float(np.median(product))
+    return None
+
+
+def aligned_sample(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """Metrics side by side by step (latest attempt only, one row per step), for
+    :func:`tokens_per_step`; downsampled frames align on the steps they share."""
+    columns = {}
+    for metric, frame in frames.items():
+        live = frame[~frame["superseded"]] if "superseded" in frame else frame
+        columns[metric] = live.drop_duplicates("step", keep="last").set_index("step")["value"]
+    return pd.DataFrame(columns).reset_index(drop=True) if columns else pd.DataFrame()
+
+
+def with_x(frame: pd.DataFrame, axis: str, tps: float | None) -> pd.DataFrame:
+    """Add the column ``x`` for the chosen axis: step, wall time (datetime) or tokens."""
+    if axis == "step" or (axis == "tokens" and not tps):
+        return frame.assign(x=frame["step"])
+    if axis == "tokens":
+        return frame.assign(x=frame["step"].astype(float) * float(tps or 0))
+    if axis == "wall time":
+        return frame.assign(x=pd.to_datetime(frame["time"], unit="s", utc=True))
+    raise ValueError(f"unknown x axis {axis!r}; valid: {', '.join(X_AXES)}")
+
+
+def steps_to_x(steps: Any, axis: str, tps: float | None, ref: pd.DataFrame | None) -> Any:
+    """Map steps (anomalies, restarts, the expected curve) onto the chosen axis.
+
+    Wall time is interpolated from ``ref`` (a series with step and time): an anomaly's step
+    gets the time at which that step was logged.
+    """
+    s = np.asarray(steps, dtype=float)
+    if axis == "tokens" and tps:
+        return s * tps
+    if axis == "wall time" and ref is not None and len(ref):
+        t = np.interp(s, ref["step"].to_numpy(float), ref["time"].to_numpy(float))
+        return pd.to_datetime(t, unit="s", utc=True)
+    return s
+
+
+def pick_source(anomalies: pd.DataFrame) -> pd.DataFrame:
+    """One set of anomalies per run: the live ones, or the replayed ones if none were live.
+
+    ``runwatch analyze`` finds the same episodes again, so showing both would double them.
+    """
+    if anomalies.empty:
+        return anomalies
+    has_live = anomalies.groupby("run")["source"].transform(lambda s: (s == "live").any())
+    keep = np.where(has_live, anomalies["source"] == "live", anomalies["source"] == "replay")
+    return anomalies[keep].reset_index(drop=True)
+
+
+def triage_state(verdict: Any) -> str:
+    """'needs verdict' until a person judged it; then the verdict."""
+    return verdict if isinstance(verdict, str) and verdict else "needs verdict"
+
+
+def unresolved(anomalies: pd.DataFrame) -> pd.DataFrame:
+    """Anomalies that still count against a run: no verdict yet, or judged real."""
+    if anomalies.empty:
+        return anomalies
+    return anomalies[anomalies["verdict"].isna() | (anomalies["verdict"] == "real")]
+
+
+def health_of(anomalies: pd.DataFrame) -> str:
+    """healthy / warning / critical: the worst severity among unresolved anomalies.
+
+    Info-level findings (a 5-sigma blip) are listed but never turn a run orange.
+
+    >>> health_of(pd.DataFrame({"severity": ["info", "warning"], "verdict": [None, None]}))
+    'warning'
+    """
+    bad = unresolved(anomalies)
+    severities = set(bad["severity"]) if not bad.empty else set()
+    if "critical" in severities:
+        return "critical"
+    if "warning" in severities:
+        return "warning"
+    return "healthy"
+
+
+def format_age(seconds: float | None) -> str:
+    """'42 s', '5 min', '3.2 h', '2.0 d' (or '-' when unknown).
+
+    >>> format_age(42), format_age(300), format_age(3 * 3600 + 720)
+    ('42 s', '5 min', '3.2 h')
+    """
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def compute_of(
+    config: Mapping[str, Any], final_step: float | None, tps: float | None
+) -> float | None:
+    """Training compute in FLOPs: a ``compute``/``flops`` config key, else 6 x params x tokens.
+
+    Tokens come from a ``tokens`` config key, else final step x tokens per step. 6·N·D is
+    the usual dense-transformer estimate (forward + backward), which is what scaling-law
+    plots of sibling runs use; a run that logs its own FLOPs should put them in the config.
+
+    >>> compute_of({"params": 1e8}, 1000, 4096)
+    2457600000000000.0
+    """
+    for key in _COMPUTE_KEYS:
+        value = config.get(key)
+        if isinstance(value, (int, float)) and value > 0:
+            return float(value)
+    params = next(
+        (float(config[k]) for k in _PARAM_KEYS if isinstance(config.get(k), (int, float))), None
+    )
+    tokens = next(
+        (float(config[k]) for k in _TOKEN_KEYS if isinstance(config.get(k), (int, float))), None
+    )
+    if tokens is None and final_step and tps:
+        tokens = float(final_step) * tps
+    if params and tokens and params > 0 and tokens > 0:
+        return 6.0 * params * tokens
+    return None
+
+
+def fit_scaling_law(compute: np.ndarray, loss: np.ndarray) -> tuple[float, float] | None:
+    """Fit L = a · C^(-b) by least squares in log-log; None with fewer than 2 usable runs.
+
+    A pure power law (no irreducible term) is what a handful of sibling runs can support;
+    a three-parameter law needs more runs than most teams have at one size ladder.
+
+    >>> a, b = fit_scaling_law(np.array([1e18, 1e19, 1e20]), np.array([4.0, 3.2, 2.56]))
+    >>> round(b, 4)
+    0.0969
+    """
+    c = np.asarray(compute, dtype=float)
+    y = np.asarray(loss, dtype=float)
+    ok = np.isfinite(c) & np.isfinite(y) & (c > 0) & (y > 0)
+    if ok.sum() < 2 or np.unique(c[ok]).size < 2:
+        return None
+    slope, intercept = np.polyfit(np.log(c[ok]), np.log(y[ok]), 1)
+    return float(math.exp(intercept)), float(-slope)
+
+
+def runs_summary(
+    runs: pd.DataFrame,
+    anomalies: pd.DataFrame,
+    latest: Mapping[str, float | None],
+    forecasts: Mapping[str, Mapping[str, Any] | None],
+    now: float,
+) -> pd.DataFrame:
+    """The Runs page table: one row per run, newest first.
+
+    ``latest`` maps run -> loss now; ``forecasts`` run -> the forecast dict (expected_now,
+    predicted, lower, upper, eta_seconds) or None.
+    """
+    rows = []
+    for rec in runs.itertuples(index=False):
+        mine = anomalies[anomalies["run"] == rec.name] if len(anomalies) else anomalies
+        fc = forecasts.get(rec.name) or {}
+        last_time = rec.last_time if pd.notna(rec.last_time) else None
+        age = None if last_time is None else now - float(last_time)
+        open_n = len(unresolved(mine)) if len(mine) else 0
+        loss_now = latest.get(rec.name)
+        expected_now = fc.get("expected_now")
+        rows.append(
+            {
+                "health": health_of(mine) if len(mine) else "healthy",
+                "run": rec.name,
+                "status": rec.status,
+                "last step": None if pd.isna(rec.last_step) else int(rec.last_step),
+                "age": format_age(age) if rec.status == "running" else format_age(age) + " ago",
+                "loss now": loss_now,
+                "vs expected": (
+                    None
+                    if loss_now is None or expected_now is None or not expected_now
+                    else loss_now / expected_now - 1.0
+                ),
+                "forecast final": fc.get("predicted"),
+                "band": (
+                    f"{fc['lower']:.3f} – {fc['upper']:.3f}" if fc.get("lower") is not None else ""
+                ),
+                "ETA": format_age(fc.get("eta_seconds")) if rec.status == "running" else "done",
+                "open": open_n,
+                "attempts": int(rec.attempts),
+            }
+        )
+    table = pd.DataFrame(rows)
+    return table.iloc[::-1].reset_index(drop=True) if len(table) else table

@@ -1,0 +1,214 @@
+"""Run: is this run healthy? The loss against what was expected, every anomaly on the curve
+it belongs to, restarts and their lost work, and the signals that explain a fault
+(grad norm, LR, throughput, step time) stacked on the same x-axis."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from runwatch.dashboard import data, shaping, ui
+from runwatch.dashboard.charts import anomaly_marks, run_figure
+
+PANEL_ROLES = ("loss", "grad_norm", "lr", "throughput", "step_time")
+
+db = ui.store_path()
+title = st.empty()
+ui.open_or_stop(db)
+with ui.guarded(db):
+    run = ui.pick_run(db)
+    runs = data.runs(db).set_index("name")
+    info = runs.loc[run]
+    config = shaping.run_config(info["config"])
+    metrics = data.metrics(db, run)
+    roles = shaping.metrics_by_role(metrics, config)
+title.title(run)
+
+loss = roles.get("loss")
+# A run that is not being written has nothing new to show: no ticks, no re-reads (on a
+# million-step run a re-read costs seconds of server time per tick).
+live_every = ui.run_every() if info["status"] == "running" else None
+panel_metrics = [roles[r] for r in PANEL_ROLES if r in roles] or metrics[:5]
+
+with st.container(horizontal=True, vertical_alignment="bottom"):
+    axis = st.segmented_control("x axis", shaping.X_AXES, default="step", key="x_axis") or "step"
+    smoothing = st.slider("Smoothing (EMA)", 0.0, 0.99, 0.6, 0.01, key="smoothing", width=220)
+    log_y = st.toggle("log y (loss)", key="log_y")
+    log_x = st.toggle("log x", key="log_x")
+first_step = 0
+last_step = int(info["last_step"]) if pd.notna(info["last_step"]) else 0
+window: tuple[int, int] | None = None
+if last_step > first_step + 1:
+    window = st.slider(
+        "Steps shown (narrow it to zoom: finer data is fetched for the window)",
+        first_step,
+        last_step,
+        (first_step, last_step),
+        key=f"window-{run}",
+    )
+
+
+def _window() -> tuple[int | None, int | None]:
+    """The step window to read; a window reaching the last step follows the live run."""
+    if window is None:
+        return None, None
+    start, end = window
+    return (start or None), (None if end >= last_step else end)
+
+
+@st.fragment(run_every=live_every)
+def headline() -> None:
+    with ui.guarded(db):
+        now_info = data.runs(db).set_index("name").loc[run]
+        anomalies = data.anomalies(db, run)
+        fc = data.loss_forecast(db, run, loss) if loss else None
+        latest = data.latest_values(db, run, (loss,)).get(loss) if loss else None
+    health = shaping.health_of(anomalies)
+    age = data.now() - now_info["last_time"] if pd.notna(now_info["last_time"]) else None
+    c = st.columns(6)
+    with c[0]:
+        st.caption("Health")
+        st.markdown(f"### :{shaping.HEALTH_COLOR[health]}-badge[{health}]")
+        st.caption(f"status: **{now_info['status']}**")
+    c[1].metric(
+        "Last step",
+        f"{int(now_info['last_step']):,}" if pd.notna(now_info["last_step"]) else "-",
+        f"{shaping.format_age(age)} ago",
+        delta_color="off",
+    )
+    if latest is not None:
+        delta = None
+        if fc is not None and fc["expected_now"]:
+            delta = (
+                f"{latest[1] / fc['expected_now'] - 1:+.1%} vs expected {fc['expected_now']:.4f}"
+            )
+        c[2].metric(f"{loss} now", f"{latest[1]:.4f}", delta, delta_color="inverse")
+    if fc is not None:
+        c[3].metric(
+            f"Forecast at step {fc['final_step']:,}",
+            f"{fc['predicted']:.4f}",
+            f"90%: {fc['lower']:.3f} – {fc['upper']:.3f}",
+            delta_color="off",
+            help=f"model: {fc['model']}, fitted on the run so far",
+        )
+        eta = "done" if now_info["status"] != "running" else shaping.format_age(fc["eta_seconds"])
+        c[4].metric("ETA", eta)
+    open_n = len(shaping.unresolved(anomalies))
+    c[5].metric(
+        "Open anomalies", open_n, f"attempts: {int(now_info['attempts'])}", delta_color="off"
+    )
+
+
+@st.fragment(run_every=live_every)
+def chart() -> None:
+    start, end = _window()
+    with ui.guarded(db):
+        frames = {m: data.series_view(db, run, m, start, end, smoothing) for m in panel_metrics}
+        ref = frames[panel_metrics[0]]
+        tps = shaping.tokens_per_step(config, shaping.aligned_sample(frames))
+        to_x = lambda steps: shaping.steps_to_x(steps, axis, tps, ref)  # noqa: E731
+        anomalies = data.anomalies(db, run)
+        attempts = data.attempts(db, run)
+        fc = data.loss_forecast(db, run, loss) if loss else None
+    if axis == "tokens" and not tps:
+        st.warning(
+            "No tokens per step known for this run (config `tokens_per_step`, or "
+            "`tokens_per_s` and `step_time_s` metrics); showing steps."
+        )
+    lo = ref["step"].min() if len(ref) else 0
+    hi = ref["step"].max() if len(ref) else 0
+    if len(anomalies):
+        inside = (anomalies["end_step"] >= lo) & (anomalies["start_step"] <= hi)
+        anomalies = anomalies[inside]
+    expected = forecast = None
+    if fc is not None:
+        curve = fc["curve"]
+        # Only where the fit speaks: the early, steep part is not what it was fitted on.
+        lo_fit = max(lo, fc["fit_from"])
+        curve = curve[(curve["step"] >= lo_fit) & ((curve["step"] <= hi) | (end is None))]
+        expected = curve.assign(x=to_x(curve["step"].to_numpy()))
+        if end is None:
+            forecast = {**fc, "x": to_x([fc["final_step"]])[0]}
+    restarts = [
+        (to_x([r.start_step])[0], f"restart #{int(r.attempt)} ({r.reason})")
+        for r in attempts.itertuples()
+        if r.attempt > 1 and pd.notna(r.start_step) and lo <= r.start_step <= hi
+    ]
+    fig = run_figure(
+        [(m, shaping.with_x(f, axis, tps)) for m, f in frames.items()],
+        expected=expected,
+        forecast=forecast,
+        anomalies=anomaly_marks(anomalies, to_x),
+        restarts=restarts,
+        smoothed=smoothing > 0,
+        log_y=[loss] if log_y and loss else [],
+        log_x=log_x,
+        x_title={"step": "step", "wall time": "wall time (UTC)", "tokens": "tokens"}[axis],
+    )
+    points = max((len(f) for f in frames.values()), default=0)
+    event = st.plotly_chart(
+        fig, key="run_chart", on_select="rerun", selection_mode="points", width="stretch"
+    )
+    st.caption(
+        f"{len(frames)} panels, at most {points:,} points per trace (min/max per bucket: "
+        "every spike and NaN kept). Click an anomaly marker to see it; drag to zoom."
+    )
+    ui.updated_caption()
+    picked = [p for p in (event.selection.points if event else []) if p.get("customdata")]
+    if picked:
+        _show_anomaly(int(picked[0]["customdata"][0]), anomalies)
+
+
+def _show_anomaly(anomaly_id: int, anomalies: pd.DataFrame) -> None:
+    row = anomalies[anomalies["id"] == anomaly_id]
+    if row.empty:
+        return
+    a = row.iloc[0]
+    with st.container(border=True):
+        st.markdown(
+            f"**#{anomaly_id} · {a['severity']} · {a['detector']} on `{a['metric']}`** "
+            f"(steps {a['start_step']}–{a['end_step']}, {a['state']})  \n{a['message']}"
+        )
+        if st.button("Judge it in the Anomalies inbox", key=f"judge-{anomaly_id}"):
+            st.session_state["anomaly_id"] = anomaly_id
+            st.switch_page("views/anomalies.py")
+
+
+headline()
+chart()
+
+with ui.guarded(db):
+    anomalies = data.anomalies(db, run)
+    events = data.events(db, run)
+left, right = st.columns([3, 2])
+with left:
+    st.subheader(f"Anomalies ({len(anomalies)})")
+    if anomalies.empty:
+        st.caption("None found so far.")
+    else:
+        st.dataframe(
+            anomalies[
+                [
+                    "id",
+                    "severity",
+                    "detector",
+                    "metric",
+                    "start_step",
+                    "end_step",
+                    "state",
+                    "message",
+                ]
+            ].iloc[::-1],
+            hide_index=True,
+            width="stretch",
+            height=min(400, 38 + 35 * len(anomalies)),
+        )
+with right:
+    st.subheader("Events")
+    shown = events[events["kind"] != "log"][["kind", "step", "attempt", "message"]]
+    st.dataframe(
+        shown.iloc[::-1],
+        hide_index=True,
+        width="stretch",
+        height=min(400, 38 + 35 * max(1, len(shown))),
+    )

@@ -1,0 +1,118 @@
+"""Batch replay: the Monitor's own per-point code, run series by series.
+
+Replay (``analyze_frame``) feeds points sorted by step, so within a series steps never go
+back and a restart can never rewind a detector: series are then independent except for
+the precursor links between grad-norm and loss spikes and the order of the anomaly list.
+This module runs each series in one tight loop through ``Monitor._feed`` (the very code
+live watching runs), checks non-finite values with numpy (most points are finite, and a
+series of role "other" needs nothing else), replays the precursor links in row order
+afterwards, and orders the anomalies by the row that opened them - so the result is the
+one streaming gives (``tests/detect/test_replay.py`` checks that equality).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import pandas as pd
+
+from runwatch.detect.monitor import Monitor, _norm_label
+from runwatch.model import LABEL_KEYS, Anomaly
+
+
+def replay_batch(
+    mon: Monitor,
+    metric: np.ndarray,
+    label_cols: dict[str, np.ndarray],
+    steps: np.ndarray,
+    values: np.ndarray,
+) -> bool:
+    """Feed rows already in replay order into a fresh ``mon``; False if it cannot (then
+    nothing was fed and the caller streams instead)."""
+    if mon._series or len(mon._anomalies):
+        return False
+    n = steps.size
+    frame = {"metric": metric, **label_cols}
+    codes = pd.DataFrame(frame).groupby(list(frame), sort=False, dropna=False).ngroup()
+    codes = codes.to_numpy()
+    order = np.argsort(codes, kind="stable")
+    bounds = np.flatnonzero(np.diff(codes[order])) + 1
+    groups = np.split(order, bounds) if n else []
+    groups.sort(key=lambda g: g[0])  # series are created in order of first appearance
+    keys = []
+    for rows in groups:
+        r = rows[0]
+        lk = tuple(_norm_label(label_cols[k][r]) if k in label_cols else None for k in LABEL_KEYS)
+        keys.append((str(metric[r]), lk))
+    if len(set(keys)) != len(keys):
+        return False  # raw labels that normalise alike: let the streaming path decide
+    mon._deferred = []
+    all_anoms: deque[Anomaly] = deque()
+    kept = mon._anomalies
+    mon._anomalies = all_anoms  # unbounded while rows are out of order; trimmed below
+    try:
+        for (name, lk), rows in zip(keys, groups, strict=True):
+            _run_series(mon, mon._new_series(name, lk), rows, steps[rows], values[rows])
+        _link_precursors(mon)
+        ordered = sorted(all_anoms, key=lambda a: mon._order[id(a)])
+    finally:
+        mon._deferred = None
+        mon._anomalies = kept
+    kept.extend(ordered)  # the deque keeps the last max_anomalies, as streaming does
+    mon._order = {}
+    mon._n_points += n
+    return True
+
+
+def _run_series(mon: Monitor, series, rows: np.ndarray, st: np.ndarray, v: np.ndarray) -> None:
+    if st.size and np.any(np.diff(st) < 0):  # pragma: no cover - replay order forbids it
+        raise ValueError("batch replay needs steps in order within each series")
+    series.last_step = int(st[-1]) if st.size else None
+    rows_l = rows.tolist()
+    steps_l = st.tolist()
+    values_l = v.tolist()
+    out: list[Anomaly] = []
+    _nonfinite(mon, series, rows_l, steps_l, values_l, np.flatnonzero(~np.isfinite(v)))
+    feed = mon._feed
+    for i in range(1, len(series.detectors)):
+        for row, step, value in zip(rows_l, steps_l, values_l, strict=True):
+            mon._row = row
+            feed(series, i, step, value, out)
+        out.clear()
+
+
+def _nonfinite(mon: Monitor, series, rows_l, steps_l, values_l, bad: np.ndarray) -> None:
+    """Detector 0 (NonFinite) only speaks on non-finite points: visit just those, and
+    count the finite points between them as the quiet that closes an episode."""
+    quiet = series.detectors[0].quiet
+    out: list[Anomaly] = []
+    last = -1
+    for k in bad.tolist():
+        ep = series.open[0]
+        if ep is not None and k - last - 1 >= quiet:
+            ep.is_open = False
+            ep.details["recovered"] = True
+            series.open[0] = None
+        mon._row = rows_l[k]
+        mon._feed(series, 0, steps_l[k], values_l[k], out)
+        last = k
+    ep = series.open[0]
+    if ep is not None:
+        tail = len(values_l) - 1 - last
+        if tail >= quiet:
+            ep.is_open = False
+            ep.details["recovered"] = True
+            series.open[0] = None
+        else:
+            series.quiet[0] = tail
+
+
+def _link_precursors(mon: Monitor) -> None:
+    for row, series, step, ep in sorted(mon._deferred, key=lambda d: d[0]):
+        mon._row = row
+        out: list[Anomaly] = []
+        mon._link_precursor(series, step, ep, out)
+        idx = next(i for i, d in enumerate(series.detectors) if d.name == "spike")
+        for a in out:
+            mon._order[id(a)] = (row, idx, 1)

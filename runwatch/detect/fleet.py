@@ -1,0 +1,364 @@
+"""The fleet view: stragglers, hangs and hardware faults across ranks, live or by replay.
+
+The per-series Monitor sees one series at a time; these faults only show *across* ranks, so
+they get their own small aggregator. :class:`FleetMonitor` takes the same calls as the Monitor
+(``update(metric, labels, step, value, time)``, ``event(event)``, ``finish()``) plus
+``tick(now)`` for the clock-driven hang check, so a live pipeline can feed both from one
+stream. :func:`fleet_anomalies` is the replay (``runwatch analyze``): the same detectors fed
+per step with NumPy rows, so a 4,096-rank run replays in seconds. :func:`fleet_report` gives
+the failure/goodput figures of a stored run.
+
+Which series count: a *step-time* series (role ``step_time`` by name or config, e.g.
+``step_time``, ``iteration_time_ms``) with a ``rank`` label feeds the straggler and hang
+detectors; ``gpu_*`` series (from the NVML collector or DCGM) feed the hardware rules; ``xid``
+events do too. Every anomaly names the rank (and host and GPU where known) in ``labels``.
+
+>>> import numpy as np, pandas as pd
+>>> steps, ranks = np.meshgrid(np.arange(200), np.arange(8), indexing="ij")
+>>> t = 1.0 + 0.0 * steps
+>>> t[100:, 6] = 1.2
+>>> pts = pd.DataFrame({"metric": "step_time", "step": steps.ravel(), "rank": ranks.ravel(),
+...                     "value": t.ravel(), "time": steps.ravel() * 1.0})
+>>> [(a.detector, a.labels, a.start_step) for a in fleet_anomalies(pts)]
+[('straggler', {'rank': 6}, 100)]
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time as _time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from runwatch.detect.fleet_failures import FailureReport, failure_report
+from runwatch.detect.fleet_hangs import HangDetector
+from runwatch.detect.fleet_hardware import HardwareMonitor
+from runwatch.detect.fleet_stragglers import StragglerDetector
+from runwatch.detect.roles import role_of
+from runwatch.model import LABEL_KEYS, Anomaly, Event
+
+log = logging.getLogger("runwatch.detect.fleet")
+
+
+def _label(v: Any) -> Any:
+    if v is None or (isinstance(v, float) and v != v):
+        return None
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, np.integer):
+        return int(v)
+    return v
+
+
+class FleetMonitor:
+    """Straggler, hang and hardware detection over a stream of per-rank points and events.
+
+    ``config`` maps metric names or patterns to roles, as for the Monitor (only
+    ``step_time`` matters here). ``straggler``/``hang``/``hardware`` give the prototype
+    detectors (cloned per metric where needed); ``clock`` drives ``tick()`` live.
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, str] | None = None,
+        *,
+        straggler: Mapping[str, Any] | None = None,
+        hang: Mapping[str, Any] | None = None,
+        hardware: Mapping[str, Any] | None = None,
+        clock: Callable[[], float] = _time.monotonic,
+    ) -> None:
+        self.config = dict(config or {})
+        self.clock = clock
+        self._straggler_params = dict(straggler or {})
+        self.hangs = HangDetector(clock=clock, **dict(hang or {}))
+        self.hardware = HardwareMonitor(**dict(hardware or {}))
+        self._stragglers: dict[str, StragglerDetector] = {}
+        self._pending: dict[str, tuple[int, dict[int, float]]] = {}
+        self._cols: dict[Any, int] = {}
+        self._labels: list[dict[str, Any]] = []
+        self._roles: dict[str, bool] = {}
+        self._gpu_step: int | None = None
+        self._anomalies: list[Anomaly] = []
+        self._seen: set[int] = set()
+
+    # -- results ---------------------------------------------------------------------------
+    @property
+    def anomalies(self) -> list[Anomaly]:
+        """Every fleet episode so far, in the order it opened."""
+        return list(self._anomalies)
+
+    # -- input -----------------------------------------------------------------------------
+    def update(
+        self,
+        metric: str,
+        labels: Mapping[str, Any] | None,
+        step: int,
+        value: float,
+        time: float | None = None,
+    ) -> list[Anomaly]:
+        """Feed one point; return the fleet episodes opened, updated or closed by it."""
+        labels = labels or {}
+        out: list[Anomaly] = []
+        if metric.startswith("gpu_"):
+            if self._gpu_step is not None and step > self._gpu_step:
+                out += self.hardware.end_step(self._gpu_step)
+            self._gpu_step = int(step)
+            out += self.hardware.update(metric, labels, int(step), value)
+            return self._keep(out)
+        rank = _label(labels.get("rank"))
+        if rank is None or not self._is_step_time(metric):
+            return out
+        col = self._col(labels)
+        step = int(step)
+        self.hangs.beat(col, step, now=time)
+        pending = self._pending.get(metric)
+        if pending is not None and step > pending[0]:
+            out += self._flush(metric)
+            pending = None
+        if pending is None:
+            pending = (step, {})
+            self._pending[metric] = pending
+        if step == pending[0]:
+            pending[1][col] = float(value)
+        return self._keep(out)
+
+    def step_row(
+        self, metric: str, step: int, columns: np.ndarray, values: np.ndarray, time: float
+    ) -> list[Anomaly]:
+        """Feed one step of a step-time metric for many rank columns at once (replay)."""
+        self.hangs.beat_many(columns[np.isfinite(values)], int(step), now=time)
+        row = np.full(len(self._labels), np.nan)
+        row[columns] = values
+        return self._keep(self._detector(metric).update(int(step), row))
+
+    def event(self, event: Event) -> list[Anomaly]:
+        """Take a run event: XIDs go to the hardware rules; a restart starts the fleet over."""
+        out: list[Anomaly] = []
+        if event.kind == "xid":
+            attrs = event.attrs or {}
+            code = attrs.get("xid")
+            if code is not None:
+                labels = {"rank": event.rank, "host": event.host, "gpu": attrs.get("gpu")}
+                labels = {k: _label(v) for k, v in labels.items() if _label(v) is not None}
+                out += self.hardware.xid(labels, int(event.step or 0), int(code))
+        elif event.kind in ("restart", "resume"):
+            now = event.time if event.time == event.time else None
+            out += self.hangs.check(now)
+            for metric in list(self._pending):
+                out += self._flush(metric)
+            for det in self._stragglers.values():
+                out += det.finish()
+                det.reset()
+            self.hangs.restart()
+        return self._keep(out)
+
+    def tick(self, now: float | None = None) -> list[Anomaly]:
+        """The clock-driven check (call every few seconds live): has progress stopped?"""
+        return self._keep(self.hangs.check(now))
+
+    def finish(self, now: float | None = None) -> list[Anomaly]:
+        """Flush and close every open episode; ``now`` runs a last hang check first."""
+        out: list[Anomaly] = []
+        if now is not None:
+            out += self.hangs.check(now)
+        for metric in list(self._pending):
+            out += self._flush(metric)
+        if self._gpu_step is not None:
+            out += self.hardware.end_step(self._gpu_step)
+        for det in self._stragglers.values():
+            out += det.finish()
+        out += self.hangs.finish()
+        out += self.hardware.finish()
+        return self._keep(out)
+
+    # -- internals -------------------------------------------------------------------------
+    def _is_step_time(self, metric: str) -> bool:
+        known = self._roles.get(metric)
+        if known is None:
+            known = self._roles[metric] = role_of(metric, self.config) == "step_time"
+        return known
+
+    def _col(self, labels: Mapping[str, Any]) -> int:
+        rank = _label(labels.get("rank"))
+        col = self._cols.get(rank)
+        if col is None:
+            col = self._cols[rank] = len(self._labels)
+            named = {k: _label(labels.get(k)) for k in LABEL_KEYS}
+            named = {k: v for k, v in named.items() if v is not None}
+            self._labels.append(named)
+            self.hangs.set_labels(col, named)
+            for det in self._stragglers.values():
+                det.set_labels(col, named)
+        return col
+
+    def _detector(self, metric: str) -> StragglerDetector:
+        det = self._stragglers.get(metric)
+        if det is None:
+            det = StragglerDetector(metric=metric, **self._straggler_params)
+            for col, named in enumerate(self._labels):
+                det.set_labels(col, named)
+            self._stragglers[metric] = det
+        return det
+
+    def _flush(self, metric: str) -> list[Anomaly]:
+        step, values = self._pending.pop(metric)
+        row = np.full(len(self._labels), np.nan)
+        for col, v in values.items():
+            row[col] = v
+        return self._detector(metric).update(step, row)
+
+    def _keep(self, out: list[Anomaly]) -> list[Anomaly]:
+        for a in out:
+            if id(a) not in self._seen:
+                self._seen.add(id(a))
+                self._anomalies.append(a)
+        return out
+
+
+def fleet_anomalies(
+    points: pd.DataFrame,
+    events: pd.DataFrame | None = None,
+    config: Mapping[str, str] | None = None,
+    *,
+    now: float | None = None,
+    monitor: FleetMonitor | None = None,
+) -> list[Anomaly]:
+    """Replay the fleet detectors over a run's points (long format with a ``rank`` column)
+    and events; return every episode, closed, in the order it opened.
+
+    Points of every attempt may be given (an ``attempt`` column): the ranks that were behind
+    when a hang struck are in the attempt the restart superseded. ``now`` (default: the last
+    event or point time) is when a last hang check runs.
+    """
+    fm = monitor if monitor is not None else FleetMonitor(config)
+    if points is None or len(points) == 0:
+        return []
+    evs = _event_list(events)
+    timeline: list[tuple[float, int, Any]] = [(e.time, 0, e) for e in evs]
+    has_rank = "rank" in points.columns
+    metrics = points["metric"].astype(str)
+    if has_rank:
+        for metric in sorted(metrics[points["rank"].notna()].unique()):
+            if fm._is_step_time(metric):
+                rows = points[(metrics == metric) & points["rank"].notna()]
+                timeline += _step_rows(fm, metric, rows)
+    gpu = points[metrics.str.startswith("gpu_")]
+    timeline.sort(key=lambda item: (item[0], item[1]))
+    for t, kind, payload in timeline:
+        if kind == 0:
+            fm.event(payload)
+        else:
+            metric, step, cols, values = payload
+            fm.tick(t)
+            fm.step_row(metric, step, cols, values, t)
+    if len(gpu):
+        cols = [c for c in LABEL_KEYS if c in gpu.columns]
+        ordered = gpu.sort_values("step", kind="stable")
+        for rec in ordered[["metric", "step", "value", *cols]].itertuples(index=False):
+            labels = {c: _label(getattr(rec, c)) for c in cols}
+            fm.update(
+                rec.metric,
+                {k: v for k, v in labels.items() if v is not None},
+                int(rec.step),
+                float(rec.value),
+            )
+    end = now
+    if end is None:
+        times = [t for t, _, _ in timeline if t == t]
+        end = max(times) if times else None
+    fm.finish(end)
+    return fm.anomalies
+
+
+def _step_rows(fm: FleetMonitor, metric: str, rows: pd.DataFrame) -> list[tuple[float, int, Any]]:
+    """One timeline entry per (attempt, step): the ranks' values as a NumPy row."""
+    out: list[tuple[float, int, Any]] = []
+    label_cols = [c for c in LABEL_KEYS if c in rows.columns]
+    firsts = rows.drop_duplicates("rank")[label_cols]
+    for rec in firsts.itertuples(index=False):
+        fm._col({c: getattr(rec, c) for c in label_cols})
+    cols = rows["rank"].map(lambda r: fm._cols[_label(r)]).to_numpy(dtype=np.int64)
+    times = rows["time"].to_numpy(dtype=float) if "time" in rows else np.full(len(rows), np.nan)
+    attempt = rows["attempt"].to_numpy() if "attempt" in rows else np.zeros(len(rows), int)
+    frame = pd.DataFrame(
+        {
+            "a": attempt,
+            "s": rows["step"].to_numpy(),
+            "c": cols,
+            "v": rows["value"].to_numpy(),
+            "t": times,
+        }
+    ).sort_values(["a", "s"], kind="stable")
+    keys = frame[["a", "s"]].to_numpy()
+    bounds = np.flatnonzero(np.any(keys[1:] != keys[:-1], axis=1)) + 1
+    c_all, v_all, t_all = frame["c"].to_numpy(), frame["v"].to_numpy(float), frame["t"].to_numpy()
+    s_all = frame["s"].to_numpy()
+    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(frame)], strict=True):
+        t = float(np.nanmax(t_all[lo:hi])) if np.isfinite(t_all[lo:hi]).any() else math.nan
+        out.append((t, 1, (metric, int(s_all[lo]), c_all[lo:hi], v_all[lo:hi])))
+    return out
+
+
+def _event_list(events: pd.DataFrame | None) -> list[Event]:
+    if events is None or len(events) == 0:
+        return []
+    import json
+
+    out = []
+    for rec in events.to_dict("records"):
+        attrs = rec.get("attrs") or {}
+        if isinstance(attrs, str):
+            try:
+                attrs = json.loads(attrs)
+            except ValueError:
+                attrs = {}
+        step = _label(rec.get("step"))
+        t = rec.get("time")
+        out.append(
+            Event(
+                kind=str(rec.get("kind")),
+                step=None if step is None else int(step),
+                time=float(t) if t is not None and t == t else math.nan,
+                message=str(rec.get("message") or ""),
+                rank=_label(rec.get("rank")),
+                host=_label(rec.get("host")),
+                attrs=dict(attrs),
+            )
+        )
+    return out
+
+
+def step_clock_metric(series: pd.DataFrame, config: Mapping[str, str] | None = None) -> str | None:
+    """The metric that times the run's steps: a step-time series, else a loss, else the
+    metric with the most points."""
+    if series.empty:
+        return None
+    metrics = series.groupby("metric")["points"].sum().sort_values(ascending=False)
+    for role in ("step_time", "loss"):
+        for m in metrics.index:
+            if role_of(str(m), config) == role:
+                return str(m)
+    return str(metrics.index[0])
+
+
+def fleet_report(
+    store: Any, run: str, *, final_step: int | None = None, now: float | None = None
+) -> FailureReport:
+    """Failure, MTBF, goodput and ETA figures of a stored run (:func:`failure_report`)."""
+    metric = step_clock_metric(store.series(run))
+    if metric is None:
+        raise ValueError(f"run {run!r} has no points to time its steps with")
+    catalogue = store.series(run)
+    rows = catalogue[catalogue["metric"] == metric]
+    frames = []
+    for rec in rows.to_dict("records"):
+        labels = {k: rec[k] for k in LABEL_KEYS if rec.get(k) is not None and rec[k] == rec[k]}
+        frames.append(store.read_series(run, metric, labels or None, all_attempts=True))
+    points = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return failure_report(
+        store.events(run), store.attempts(run), points, final_step=final_step, now=now
+    )

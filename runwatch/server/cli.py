@@ -1,0 +1,126 @@
+"""``runwatch serve``: the ingest server for multi-process and multi-node runs.
+
+The token comes from ``--token-file`` (or ``$RUNWATCH_TOKEN``), never from the command line,
+where ``ps`` would show it to every user of the machine. ``--insecure`` (no token) is refused
+unless the server listens on a loopback address only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from runwatch.store import DEFAULT_STORE
+
+
+def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
+    serve = sub.add_parser(
+        "serve",
+        help="run the ingest server (HTTP API + live detection) over a store",
+        description="Serve the HTTP ingest API (/api/v1, OpenAPI at /openapi.json) that "
+        "multi-process and multi-node runs push to with runwatch.init(url=..., token=...); "
+        "writes the store and runs the same Monitor as in-process runs.",
+    )
+    serve.add_argument("--db", default=DEFAULT_STORE, metavar="DB", help="the SQLite store")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: loopback)"
+    )
+    serve.add_argument("--port", type=int, default=8765, help="port (default 8765)")
+    serve.add_argument("--token-file", metavar="F", help="file holding the bearer token")
+    serve.add_argument(
+        "--insecure",
+        action="store_true",
+        help="accept requests without a token (loopback addresses only)",
+    )
+    serve.add_argument("--no-detect", action="store_true", help="store only; no live detection")
+    serve.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=32.0,
+        help="largest request body on the wire, MiB (default 32)",
+    )
+    serve.add_argument(
+        "--rate-limit",
+        type=float,
+        default=5000.0,
+        metavar="REQ_PER_S",
+        help="requests per second per client address (0: no limit)",
+    )
+    return {"serve": cmd_serve}
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine can reach.
+
+    >>> is_loopback("127.0.0.1"), is_loopback("::1"), is_loopback("0.0.0.0")
+    (True, True, False)
+    """
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def read_token(path: str | None, env: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
+    if path is None:
+        return env.get("RUNWATCH_TOKEN") or None
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read the token file {path}: {exc.strerror}") from None
+    if not token:
+        raise ValueError(f"the token file {path} is empty")
+    return token
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from runwatch.server.app import ServerSettings, create_app
+
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be 1..65535 (got {args.port})")
+    if args.insecure:
+        if not is_loopback(args.host):
+            raise ValueError(f"--insecure is allowed only on a loopback address, not {args.host}")
+        token = None
+    else:
+        token = read_token(args.token_file)
+        if token is None:
+            raise ValueError(
+                "a token is required: --token-file F (or RUNWATCH_TOKEN), "
+                "or --insecure on a loopback address"
+            )
+    max_body = int(args.max_body_mb * 2**20)
+    settings = ServerSettings(
+        db=args.db,
+        token=token,
+        detect=not args.no_detect,
+        max_body_bytes=max_body,
+        max_inflated_bytes=8 * max_body,
+        rate_per_s=args.rate_limit,
+        rate_burst=2 * args.rate_limit,
+    )
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=60,
+    )
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(
+        f"runwatch serve: http://{shown}:{args.port}/api/v1 (store {args.db}; "
+        f"API document at /openapi.json)",
+        flush=True,
+    )
+    uvicorn.Server(config).run()
+    return 0

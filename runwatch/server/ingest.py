@@ -1,0 +1,294 @@
+"""The server's single writer: validated batches in, few large transactions out.
+
+Why one thread and one connection: SQLite takes one writer at a time, and a transaction costs
+a WAL append and a lock whatever its size, so 256 ranks each committing 4 small batches a
+second would spend the server on commits. Request handlers only validate and enqueue; this
+thread takes everything queued (up to ``max_group_points``) and stores it in ONE transaction,
+with each client's highest sequence number in the same transaction. A batch whose ``seq`` is
+not above its client's mark is a retry or a replay and is acknowledged without being stored
+again; because the marks are in the store, this holds across a server restart. Only then is
+the request answered, so an acknowledged batch is durable.
+
+After a commit, each run's points go to that run's :class:`LiveDetection` (the same Monitor as
+in-process runs, on a thread of its own). ``on_change`` is the alerting hook: it is passed to
+every LiveDetection and gets ``[(anomaly row id, Anomaly), ...]`` as episodes change.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from runwatch.detect.live import LiveDetection
+from runwatch.hook.backend import SeriesPoints
+from runwatch.model import Anomaly, Event
+from runwatch.server.errors import ApiError
+from runwatch.server.schemas import Batch
+from runwatch.store import Store
+
+log = logging.getLogger("runwatch.server")
+
+_STOP = object()
+OnChange = Callable[[list[tuple[int, Anomaly]]], None]
+
+
+class _Job:
+    __slots__ = ("batches", "future", "points", "run_id")
+
+    def __init__(self, run_id: int, batches: list[Batch]) -> None:
+        self.run_id = run_id
+        self.batches = batches
+        self.points = sum(len(s.steps) for b in batches for s in b.series) + 1
+        self.future: concurrent.futures.Future[dict[str, int]] = concurrent.futures.Future()
+
+
+class IngestWriter:
+    """Owns the store's write path; see the module docstring."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        detect: bool = True,
+        detect_config: Mapping[str, str] | None = None,
+        on_change: OnChange | None = None,
+        max_group_points: int = 1_000_000,
+        max_queued_points: int = 8_000_000,
+    ) -> None:
+        self.store = store
+        self._detect = detect
+        self._detect_config = detect_config
+        self._on_change = on_change
+        self._max_group = max_group_points
+        self._max_queued = max_queued_points
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._queued = 0
+        self._marks: dict[str, int] = {}
+        self._attempts: dict[int, set[int]] = {}
+        self._detections: dict[int, LiveDetection] = {}
+        self._thread: threading.Thread | None = None
+        self.stored_points = 0
+
+    # -- called from request handlers ---------------------------------------------------------
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="runwatch-ingest", daemon=True
+                )
+                self._thread.start()
+
+    @property
+    def queued_points(self) -> int:
+        return self._queued
+
+    def submit(
+        self, run_id: int, batches: list[Batch]
+    ) -> concurrent.futures.Future[dict[str, int]]:
+        """Queue a request's batches (all or nothing); 503 when the writer is too far behind."""
+        self.start()
+        job = _Job(run_id, batches)
+        with self._lock:
+            if self._queued and self._queued + job.points > self._max_queued:
+                raise ApiError(
+                    503,
+                    "server busy",
+                    None,
+                    f"{self._queued} points waiting to be written",
+                    {"Retry-After": "1"},
+                )
+            self._queued += job.points
+        self._queue.put(job)
+        return job.future
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Write what is queued, stop, finish live detection; the store stays open."""
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            self._thread.join(timeout)
+        for run_id in list(self._detections):
+            self.close_detection(run_id, timeout=10.0)
+
+    def close_detection(self, run_id: int, timeout: float = 10.0) -> None:
+        with self._lock:
+            detection = self._detections.pop(run_id, None)
+        if detection is not None:
+            detection.close(timeout)
+
+    # -- the writer thread -------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is _STOP:
+                return
+            jobs, n, stop = [job], job.points, False
+            while n < self._max_group:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is _STOP:
+                    stop = True
+                    break
+                jobs.append(more)
+                n += more.points
+            try:
+                self._write_group(jobs)
+            except Exception as exc:  # never leave a request waiting forever
+                log.exception("runwatch serve: ingest failed")
+                for j in jobs:
+                    if not j.future.done():
+                        j.future.set_exception(exc)
+            finally:
+                with self._lock:
+                    self._queued -= n
+            if stop:
+                return
+
+    def _write_group(self, jobs: list[_Job]) -> None:
+        ready = []
+        for job in jobs:
+            try:
+                for batch in job.batches:
+                    self._check_attempt(job.run_id, batch.attempt)
+                ready.append(job)
+            except ApiError as exc:
+                job.future.set_exception(exc)
+        if not ready:
+            return
+        try:
+            results = self._commit(ready)
+        except Exception:
+            # One job broke the group's transaction: store the others one by one.
+            log.exception("runwatch serve: a grouped write failed; retrying request by request")
+            self._marks.clear()
+            results = []
+            for job in ready:
+                try:
+                    results.extend(self._commit([job]))
+                except Exception as exc:
+                    self._marks.clear()
+                    job.future.set_exception(exc)
+        for job, reply, delivered in results:
+            job.future.set_result(reply)
+            if self._detect and delivered:
+                self._feed_detection(job.run_id, delivered)
+
+    def _check_attempt(self, run_id: int, attempt: int) -> None:
+        known = self._attempts.get(run_id)
+        if known is None or attempt not in known:
+            known = self.store.attempt_numbers(run_id)
+            if not known:
+                raise ApiError(404, "no such run", "run_id", f"run {run_id} does not exist")
+            self._attempts[run_id] = known
+            if attempt not in known:
+                raise ApiError(
+                    409,
+                    "unknown attempt",
+                    "attempt",
+                    f"run {run_id} has attempts {sorted(known)}, not {attempt}",
+                )
+
+    def _mark(self, client_id: str) -> int:
+        mark = self._marks.get(client_id)
+        if mark is None:
+            mark = self.store.client_seqs([client_id]).get(client_id, -1)
+            self._marks[client_id] = mark
+        return mark
+
+    def _commit(self, jobs: list[_Job]) -> list[tuple[_Job, dict[str, int], list[Batch]]]:
+        store = self.store
+        now = time.time()
+        marks: dict[str, tuple[int, int]] = {}
+        results = []
+        grouped: dict[tuple[int, int], tuple[dict[int, list[tuple[Any, ...]]], list[Event]]] = {}
+        with store.transaction():
+            for job in jobs:
+                delivered, points = [], 0
+                for batch in job.batches:
+                    last = (
+                        marks[batch.client_id][1]
+                        if batch.client_id in marks
+                        else self._mark(batch.client_id)
+                    )
+                    if batch.seq <= last:
+                        continue
+                    marks[batch.client_id] = (job.run_id, batch.seq)
+                    delivered.append(batch)
+                    by_sid, events = grouped.setdefault((job.run_id, batch.attempt), ({}, []))
+                    for s in batch.series:
+                        if not s.steps:
+                            continue
+                        sid = store.series_id(job.run_id, s.metric, s.labels.as_dict())
+                        by_sid.setdefault(sid, []).append((s.steps, s.times, s.values))
+                        points += len(s.steps)
+                    events.extend(
+                        Event(e.kind, e.step, e.time, e.message, e.rank, e.host, e.attrs)
+                        for e in batch.events
+                    )
+                reply = {
+                    "batches": len(job.batches),
+                    "stored": len(delivered),
+                    "duplicates": len(job.batches) - len(delivered),
+                    "points": points,
+                }
+                results.append((job, reply, delivered))
+            for (run_id, attempt), (by_sid, events) in grouped.items():
+                arrays = {sid: _concat(parts) for sid, parts in by_sid.items()}
+                store.write(run_id, attempt, arrays, events, now=now)
+            store.set_client_seqs(marks, now)
+        self._marks.update({c: seq for c, (_, seq) in marks.items()})
+        self.stored_points += sum(r[1]["points"] for r in results)
+        return results
+
+    def _feed_detection(self, run_id: int, batches: list[Batch]) -> None:
+        try:
+            sink = self._detection(run_id)
+            for batch in batches:
+                points = [
+                    SeriesPoints(
+                        s.metric, s.labels.as_dict(), *_concat([(s.steps, s.times, s.values)])
+                    )
+                    for s in batch.series
+                    if s.steps
+                ]
+                events = [
+                    Event(e.kind, e.step, e.time, e.message, e.rank, e.host, e.attrs)
+                    for e in batch.events
+                ]
+                sink(points, events)
+        except Exception:  # detection must never cost a run its points
+            log.exception("runwatch serve: live detection failed for run %d", run_id)
+
+    def _detection(self, run_id: int) -> LiveDetection:
+        detection = self._detections.get(run_id)
+        if detection is None:
+            detection = LiveDetection(
+                self.store.path, run_id, self._detect_config, on_change=self._on_change
+            )
+            with self._lock:
+                self._detections[run_id] = detection
+        return detection
+
+
+def _concat(parts: list[tuple[Any, Any, Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if len(parts) == 1:
+        steps, times, values = parts[0]
+        return (
+            np.asarray(steps, dtype=np.int64),
+            np.asarray(times, dtype=np.float64),
+            np.asarray(values, dtype=np.float64),
+        )
+    return (
+        np.concatenate([np.asarray(p[0], dtype=np.int64) for p in parts]),
+        np.concatenate([np.asarray(p[1], dtype=np.float64) for p in parts]),
+        np.concatenate([np.asarray(p[2], dtype=np.float64) for p in parts]),
+    )

@@ -1,0 +1,106 @@
+"""End to end: `runwatch dashboard` in a subprocess, driven by real headless Chromium.
+
+Screenshots of every page are kept under test-artifacts/ (gitignored) for people to look at.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runwatch.dashboard.server import free_port, url_of, wait_ready
+from runwatch.store import open_store
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="needs the Debian chromium package at /usr/bin/chromium"
+)
+
+
+@pytest.fixture
+def server(fresh_demo_db: Path) -> Iterator[tuple[str, Path]]:
+    port = free_port("127.0.0.1", 8599)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "runwatch.cli",
+            "dashboard",
+            "--db",
+            str(fresh_demo_db),
+            "--port",
+            str(port),
+            "--no-browser",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ},
+    )
+    url = url_of("127.0.0.1", port)
+    try:
+        if not wait_ready(url, timeout=60, proc=proc):
+            proc.kill()
+            out = proc.stdout.read().decode() if proc.stdout else ""
+            pytest.fail(f"dashboard did not start: {out}")
+        yield url, fresh_demo_db
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_pages_in_a_real_browser_and_a_benign_verdict_is_stored(server) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    url, db = server
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM))
+        page = browser.new_page(viewport={"width": 1500, "height": 2200})
+        try:
+            started = time.monotonic()
+            page.goto(f"{url}/run")
+            chart = page.locator(".js-plotly-plot").first
+            chart.wait_for(state="visible", timeout=30_000)
+            drawn = time.monotonic() - started
+            expect(chart.get_by_text("loss", exact=True).first).to_be_visible()
+            expect(chart.get_by_text("critical anomaly")).to_be_visible()
+            expect(chart.get_by_text("restart #2 (resume)")).to_be_visible()
+            page.wait_for_timeout(1500)
+            page.screenshot(path=str(ARTIFACTS / "run.png"), full_page=True)
+
+            page.goto(f"{url}/anomalies")
+            expect(page.get_by_text("CRITICAL · nonfinite")).to_be_visible(timeout=30_000)
+            page.locator(".js-plotly-plot").first.wait_for(state="visible")
+            page.wait_for_timeout(1000)
+            page.screenshot(path=str(ARTIFACTS / "anomalies.png"), full_page=True)
+            page.get_by_placeholder("why: e.g. bad batch").fill("known bad shard")
+            page.get_by_placeholder("why: e.g. bad batch").press("Enter")
+            page.get_by_role("button", name="Benign").click()
+            expect(page.get_by_text("Inbox · 7 to judge")).to_be_visible(timeout=20_000)
+            with open_store(db, readonly=True) as store:
+                verdicts = store.verdicts()
+            assert verdicts[["verdict", "note"]].values.tolist() == [["benign", "known bad shard"]]
+            page.screenshot(path=str(ARTIFACTS / "anomalies-after-verdict.png"), full_page=True)
+
+            for path, name in (("", "runs"), ("compare", "compare")):
+                page.goto(f"{url}/{path}")
+                page.locator(".js-plotly-plot, [data-testid=stDataFrame]").first.wait_for(
+                    state="visible", timeout=30_000
+                )
+                page.wait_for_timeout(1500)
+                page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+        finally:
+            browser.close()
+    assert drawn < 15, f"the Run page took {drawn:.1f} s to draw"

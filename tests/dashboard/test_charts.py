@@ -1,0 +1,129 @@
+"""Chart builders are pure: frames in, figure out; checked on the figure's data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from runwatch.dashboard.charts import anomaly_marks, run_figure
+from runwatch.dashboard.charts_compare import compare_figure, scaling_figure
+from runwatch.store.downsample import minmax_downsample
+
+
+def _frame(n: int = 200, superseded_from: int | None = None) -> pd.DataFrame:
+    step = np.arange(1, n + 1)
+    value = 3.0 + 1.0 / step
+    value[50] = np.nan
+    frame = pd.DataFrame(
+        {"step": step, "time": step * 1.0, "value": value, "attempt": 1, "superseded": False}
+    )
+    frame["smooth"] = frame["value"]
+    frame["x"] = frame["step"]
+    if superseded_from is not None:
+        old = frame[frame["step"] >= superseded_from].assign(superseded=True)
+        frame = pd.concat([frame, old], ignore_index=True)
+    return frame
+
+
+def _anomalies() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "id": [7, 9],
+            "metric": ["loss", "grad_norm"],
+            "start_step": [51, 100],
+            "end_step": [51, 120],
+            "severity": ["critical", "warning"],
+            "observed": [np.nan, 5.0],
+            "message": ["nan", "burst"],
+            "state": ["needs verdict", "benign"],
+        }
+    )
+
+
+def test_run_figure_stacks_panels_on_one_shared_x_axis() -> None:
+    fig = run_figure([("loss", _frame()), ("grad_norm", _frame()), ("lr", _frame())])
+    layout = fig.to_dict()["layout"]
+    assert {a["text"] for a in layout["annotations"]} >= {"loss", "grad_norm", "lr"}
+    assert layout["xaxis"]["matches"] == "x3" and layout["xaxis2"]["matches"] == "x3"
+    assert layout["yaxis"]["domain"][1] - layout["yaxis"]["domain"][0] > 0.35  # loss is tall
+
+
+def test_nan_values_are_marked_not_dropped() -> None:
+    fig = run_figure([("loss", _frame())])
+    marks = [t for t in fig.data if t.name == "non-finite"]
+    assert len(marks) == 1 and list(marks[0].x) == [51] and list(marks[0].text) == ["NaN"]
+
+
+def test_smoothing_fades_raw_points_but_keeps_them() -> None:
+    fig = run_figure([("loss", _frame())], smoothed=True)
+    raw = [t for t in fig.data if t.name == "loss"]
+    smooth = [t for t in fig.data if t.name and "EMA" in t.name]
+    assert len(raw) == 1 and len(raw[0].y) == 200 and raw[0].opacity == pytest.approx(0.3)
+    assert len(smooth) == 1
+
+
+def test_redone_steps_are_drawn_faded_and_restarts_as_lines() -> None:
+    fig = run_figure([("loss", _frame(superseded_from=150))], restarts=[(150, "restart #2")])
+    redone = [t for t in fig.data if t.name == "redone steps (lost work)"]
+    assert len(redone) == 1 and len(redone[0].x) == 51
+    shapes = fig.to_dict()["layout"]["shapes"]
+    assert any(s["type"] == "line" and s["x0"] == 150 for s in shapes)
+    assert any(a["text"] == "restart #2" for a in fig.to_dict()["layout"]["annotations"])
+
+
+def test_anomalies_are_clickable_markers_on_their_own_panel_and_episodes_shaded() -> None:
+    marks = anomaly_marks(_anomalies(), lambda steps: steps)
+    fig = run_figure([("loss", _frame()), ("grad_norm", _frame())], anomalies=marks)
+    markers = [t for t in fig.data if t.customdata is not None]
+    assert [int(t.customdata[0][0]) for t in markers] == [7, 9]
+    assert markers[0].yaxis == "y" and markers[1].yaxis == "y2"
+    assert markers[1].marker.opacity < markers[0].marker.opacity  # judged ones recede
+    rects = [s for s in fig.to_dict()["layout"]["shapes"] if s["type"] == "rect"]
+    assert [(r["x0"], r["x1"]) for r in rects] == [(100, 120)]
+
+
+def test_expected_band_and_forecast_are_drawn_on_the_loss_panel() -> None:
+    exp = pd.DataFrame(
+        {"x": [100, 200], "expected": [3.0, 2.9], "lower": [2.8, 2.7], "upper": [3.2, 3.1]}
+    )
+    fc = {"x": 400, "predicted": 2.8, "lower": 2.6, "upper": 3.0}
+    fig = run_figure([("loss", _frame())], expected=exp, forecast=fc, log_y=["loss"])
+    names = {t.name for t in fig.data}
+    assert {"expected", "expected band (90%)", "forecast final"} <= names
+    band = next(t for t in fig.data if t.name == "expected band (90%)")
+    assert band.fill == "tonexty"
+    assert fig.layout.yaxis.type == "log"
+
+
+def test_a_one_step_spike_in_a_million_survives_to_the_figure() -> None:
+    n = 1_000_000
+    frame = pd.DataFrame({"step": np.arange(n), "value": np.ones(n)})
+    frame.loc[654_321, "value"] = 40.0
+    small = minmax_downsample(frame, 4000).assign(x=lambda f: f["step"], superseded=False)
+    fig = run_figure([("loss", small)])
+    line = next(t for t in fig.data if t.name == "loss")
+    assert len(line.y) <= 4000 and max(line.y) == 40.0
+
+
+def test_compare_overlays_one_line_per_run() -> None:
+    fig = compare_figure({"a": _frame(), "b": _frame()}, metric="loss", log_x=True)
+    assert [t.name for t in fig.data] == ["a", "b"] and fig.layout.xaxis.type == "log"
+
+
+def test_scaling_figure_draws_runs_and_the_fitted_law() -> None:
+    points = pd.DataFrame(
+        {
+            "run": ["s", "m", "big"],
+            "compute": [1e18, 1e19, 1e20],
+            "loss": [3.0, 2.7, 2.5],
+            "lower": [None, None, 2.4],
+            "upper": [None, None, 2.6],
+            "kind": ["final", "final", "forecast"],
+        }
+    )
+    fig = scaling_figure(points, (10.0, 0.05))
+    kinds = {t.name: t for t in fig.data}
+    assert set(kinds) == {"final loss", "forecast loss", "fit: L = 10·C^(-0.050)"}
+    assert list(kinds["forecast loss"].error_y.array) == pytest.approx([0.1])
+    assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"

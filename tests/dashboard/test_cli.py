@@ -1,0 +1,49 @@
+"""`runwatch dashboard` and `runwatch demo` wiring: parser, errors, the URL printed."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from runwatch.dashboard import cli
+from runwatch.dashboard.server import check_port, free_port, streamlit_args
+
+
+def test_register_adds_the_dashboard_command_bound_to_localhost() -> None:
+    parser = argparse.ArgumentParser()
+    handlers = cli.register(parser.add_subparsers(dest="command"))
+    assert set(handlers) == {"dashboard"}
+    args = parser.parse_args(["dashboard", "--db", "x.db", "--no-browser"])
+    assert (args.db, args.host, args.port, args.no_browser) == ("x.db", "127.0.0.1", 8501, True)
+    flags = streamlit_args(args.host, args.port)
+    assert "--server.address=127.0.0.1" in flags and "--server.headless=true" in flags
+
+
+def test_a_busy_port_is_a_one_line_error_with_exit_code_2() -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(ValueError, match="pass another --port"):
+            check_port("127.0.0.1", port)
+        assert free_port("127.0.0.1", port) != port
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "runwatch.cli",
+                "dashboard",
+                "--port",
+                str(port),
+                "--no-browser",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert out.returncode == 2
+    assert "pass another --port" in out.stderr and "Traceback" not in out.stderr

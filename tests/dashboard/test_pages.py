@@ -1,0 +1,149 @@
+"""Every page under Streamlit's AppTest, on real stores: content, errors, verdicts."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from runwatch.dashboard import DB_ENV
+from runwatch.store import open_store
+
+from .conftest import APP_DIR
+
+TIMEOUT = 30
+
+
+def _page(path: str, db: Path, monkeypatch: pytest.MonkeyPatch) -> AppTest:
+    monkeypatch.setenv(DB_ENV, str(db))
+    return AppTest.from_file(str(APP_DIR / path), default_timeout=TIMEOUT)
+
+
+def _figures(at: AppTest) -> list[dict]:
+    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+
+
+def _arr(value: object) -> np.ndarray:
+    """A trace array from the figure JSON (plotly sends numpy arrays as base64 'bdata')."""
+    if isinstance(value, dict) and "bdata" in value:
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+    return np.asarray(value)
+
+
+def _no_traceback(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def test_router_opens_on_the_runs_page_and_lists_the_demo_run(demo_db, monkeypatch) -> None:
+    at = _page("app.py", demo_db, monkeypatch).run()
+    _no_traceback(at)
+    assert at.title[0].value == "Runs"
+    table = at.dataframe[0].value
+    assert table["run"].tolist() == ["demo-400"]
+    assert table["health"].iloc[0] == "critical"  # the NaN, unjudged
+    assert table["attempts"].iloc[0] == 2
+    at.switch_page("views/anomalies.py").run()
+    _no_traceback(at)
+    assert at.title[0].value == "Anomalies"
+
+
+def test_run_page_draws_loss_with_expectation_anomalies_and_restart(demo_db, monkeypatch) -> None:
+    at = _page("views/run.py", demo_db, monkeypatch).run()
+    _no_traceback(at)
+    (fig,) = _figures(at)
+    names = {t.get("name") for t in fig["data"]}
+    assert {"loss", "expected", "expected band (90%)", "critical anomaly"} <= names
+    assert "redone steps (lost work)" in names
+    assert max(len(_arr(t.get("x", []))) for t in fig["data"]) <= 4000
+    assert any("restart #2" in a.get("text", "") for a in fig["layout"]["annotations"])
+    labels = [m.label for m in at.metric]
+    assert "ETA" in labels and "Open anomalies" in labels
+
+
+def test_run_page_axes_smoothing_and_zoom_window(demo_db, monkeypatch) -> None:
+    at = _page("views/run.py", demo_db, monkeypatch).run()
+    at.slider(key="smoothing").set_value(0.0)
+    at.toggle(key="log_y").set_value(True)
+    at.slider(key="window-demo-400").set_value((100, 200)).run()
+    _no_traceback(at)
+    (fig,) = _figures(at)
+    loss = next(t for t in fig["data"] if t.get("name") == "loss")
+    assert _arr(loss["x"]).min() >= 100 and _arr(loss["x"]).max() <= 200
+    assert fig["layout"]["yaxis"]["type"] == "log"
+    at.segmented_control(key="x_axis").set_value("tokens").run()
+    _no_traceback(at)
+    (fig,) = _figures(at)
+    loss = next(t for t in fig["data"] if t.get("name") == "loss")
+    assert _arr(loss["x"]).min() >= 100 * 2**19  # the demo's tokens per step, from its config
+
+
+def test_unknown_run_in_the_url_is_a_message_not_a_traceback(demo_db, monkeypatch) -> None:
+    at = _page("views/run.py", demo_db, monkeypatch)
+    at.query_params["run"] = "no-such-run"
+    at.run()
+    _no_traceback(at)
+    assert "no run named 'no-such-run'" in at.error[0].value
+    assert "demo-400" in at.error[0].value
+
+
+@pytest.mark.parametrize(
+    "page", ["app.py", "views/run.py", "views/anomalies.py", "views/compare.py"]
+)
+def test_missing_store_shows_how_to_make_one(page, tmp_path, monkeypatch) -> None:
+    at = _page(page, tmp_path / "nope.db", monkeypatch).run()
+    _no_traceback(at)
+    assert "no such store" in at.error[0].value
+    assert "runwatch demo" in at.error[0].value
+
+
+def test_corrupt_store_is_a_message(tmp_path, monkeypatch) -> None:
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"this is not sqlite" * 100)
+    at = _page("views/runs.py", bad, monkeypatch).run()
+    _no_traceback(at)
+    assert "cannot open as a runwatch store" in at.error[0].value
+
+
+def test_anomaly_inbox_context_and_benign_verdict_is_stored(fresh_demo_db, monkeypatch) -> None:
+    at = _page("views/anomalies.py", fresh_demo_db, monkeypatch).run()
+    _no_traceback(at)
+    assert at.subheader[0].value.startswith("Inbox · 8 to judge")
+    first = at.selectbox[0].value  # the worst unjudged one opens first
+    with open_store(fresh_demo_db, readonly=True) as store:
+        row = store.anomalies().set_index("id").loc[first]
+    assert row["severity"] == "critical"
+    (fig,) = _figures(at)
+    assert {"loss", "grad_norm", "lr"} <= {a["text"] for a in fig["layout"]["annotations"]}
+    at.text_input(key=f"note-{first}").set_value("bad shard 17")
+    at.button(key=f"benign-{first}").click().run()
+    _no_traceback(at)
+    with open_store(fresh_demo_db, readonly=True) as store:
+        verdicts = store.verdicts(int(first))
+    assert verdicts[["verdict", "note"]].values.tolist() == [["benign", "bad shard 17"]]
+    assert at.subheader[0].value.startswith("Inbox · 7 to judge")  # it receded
+
+
+def test_anomaly_filters_narrow_the_inbox(demo_db, monkeypatch) -> None:
+    at = _page("views/anomalies.py", demo_db, monkeypatch).run()
+    at.multiselect(key="f_sev").set_value(["warning"]).run()
+    _no_traceback(at)
+    assert at.subheader[0].value.startswith("Inbox · 2 to judge")
+    assert set(at.dataframe[0].value["severity"]) == {"warning"}
+
+
+def test_compare_overlays_runs_and_fits_the_scaling_law(siblings_db, monkeypatch) -> None:
+    at = _page("views/compare.py", siblings_db, monkeypatch).run()
+    _no_traceback(at)
+    overlay, scaling = _figures(at)
+    assert {t["name"] for t in overlay["data"]} == {"size-0", "size-1", "size-2"}
+    law = [t for t in scaling["data"] if t["name"].startswith("fit: L =")]
+    assert len(law) == 1
+    assert at.metric[0].label == "Fitted exponent b"
+    at.segmented_control(key="cmp_axis").set_value("tokens").run()
+    _no_traceback(at)
+    overlay = _figures(at)[0]
+    assert _arr(overlay["data"][0]["x"]).max() == 300 * 65536

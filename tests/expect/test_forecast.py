@@ -1,0 +1,152 @@
+"""The expected curve: power law, LR-aware law, reference run, forecast, ETA."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from runwatch.expect import (
+    Forecast,
+    LogBins,
+    ReferenceCurve,
+    TooLittleData,
+    bin_arrays,
+    fit_lr_law,
+    fit_power_law,
+    forecast,
+    lr_areas,
+)
+
+REAL_RUNS = Path(__file__).resolve().parents[2].parent / "shared/data/real_runs"
+
+
+def power_curve(n=5000, noise=0.0, seed=0, E=2.0, A=8.0, alpha=0.4, s0=30.0):
+    s = np.arange(1, n + 1, dtype=float)
+    rng = np.random.default_rng(seed)
+    return s, (E + A * (s + s0) ** -alpha) * np.exp(noise * rng.standard_normal(n))
+
+
+def test_power_law_recovers_its_parameters_from_a_noiseless_curve():
+    s, y = power_curve()
+    bs, bv, _ = bin_arrays(s, y)
+    law = fit_power_law(bs, bv)
+    assert abs(law.E - 2.0) < 0.05
+    assert law.alpha == pytest.approx(0.4, abs=0.05)
+    np.testing.assert_allclose(law.predict(s[::500]), y[::500], rtol=1e-3)
+
+
+def test_power_law_shrugs_off_outliers():
+    s, y = power_curve(noise=0.01, seed=1)
+    y[::97] *= 3.0  # spikes
+    law = fit_power_law(s, y)
+    assert law.predict(np.array([5000.0]))[0] == pytest.approx(y[-50:].mean(), rel=0.02)
+
+
+def test_forecast_band_covers_the_truth_on_seeded_noisy_curves():
+    hits, errs = 0, []
+    for seed in range(20):
+        s, y = power_curve(n=20_000, noise=0.02, seed=seed, alpha=0.3 + 0.02 * seed)
+        f = forecast(s, y, upto=5000, final_step=20_000)
+        truth = float(np.median(y[-200:]))
+        hits += f.lower <= truth <= f.upper
+        errs.append(abs(f.predicted - truth) / truth)
+    assert hits >= 18
+    assert np.median(errs) < 0.03  # E and alpha trade off over a short fit window
+
+
+def test_forecast_fields_curve_eta_and_target_step():
+    s, y = power_curve(n=4000)
+    times = 1000.0 + 0.5 * s  # 0.5 s per step
+    f = forecast(s, y, times=times, upto=2000, final_step=4000, target=float(y[2999]))
+    assert isinstance(f, Forecast) and f.model == "power_law"
+    assert (f.upto, f.final_step) == (2000, 4000)
+    assert f.lower < f.predicted < f.upper
+    assert f.eta_seconds == pytest.approx(1000.0, rel=0.01)
+    assert f.target_step == pytest.approx(3000, rel=0.03)
+    mean, lo, hi = f.curve(np.array([100.0, 2000.0, 4000.0]))
+    assert np.all(lo <= mean) and np.all(mean <= hi)
+    assert (hi - lo)[2] > (hi - lo)[1]  # the band widens as it extrapolates
+    assert mean[2] == pytest.approx(f.predicted)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[], [2.0], [math.nan] * 100, [2.0, 1.9, 1.8]],
+    ids=["empty", "one_point", "all_nan", "three_points"],
+)
+def test_too_little_data_is_a_clear_value_error(values):
+    with pytest.raises(ValueError, match="too little data"):
+        forecast(np.arange(len(values)), np.array(values, dtype=float))
+
+
+def test_too_little_data_carries_the_counts():
+    with pytest.raises(TooLittleData) as exc:
+        forecast(np.arange(3), np.ones(3))
+    assert (exc.value.n, exc.value.need) == (3, 6)
+
+
+def test_constant_curve_forecasts_itself():
+    f = forecast(np.arange(500), np.full(500, 3.25), final_step=5000)
+    assert f.predicted == pytest.approx(3.25)
+    assert f.lower <= 3.25 <= f.upper
+
+
+def test_mismatched_lengths_are_rejected():
+    with pytest.raises(ValueError, match="differ in length"):
+        forecast(np.arange(10), np.ones(9))
+
+
+def test_lr_areas_of_a_constant_then_decaying_schedule():
+    s1, s2 = lr_areas(np.array([0, 100, 200]), np.array([1.0, 1.0, 0.0]), 200)
+    assert s1[100] == pytest.approx(101.0)
+    assert s2[100] == pytest.approx(0.0)
+    assert s2[200] > 0  # annealing builds up the second area
+
+
+def test_lr_law_expects_the_drop_of_an_lr_anneal():
+    """A WSD schedule: a plain power law is surprised by the decay; the LR law is not."""
+    n = 6000
+    steps = np.arange(n, dtype=float)
+    lr = np.where(steps < 4500, 1.0, 1.0 - (steps - 4500) / 1500)
+    s1, s2 = lr_areas(steps, lr, n - 1)
+    y = 2.0 + 3.0 * np.power(s1 / s1[-1], -0.3) * 0.2 - 0.4 * s2 / s2.max()
+    bs, bv, _ = bin_arrays(steps[50:], y[50:])
+    law = fit_lr_law(bs, bv, steps, lr, horizon=n - 1)
+    assert law.predict(np.array([n - 1.0]))[0] == pytest.approx(y[-1], rel=0.005)
+    f_lr = forecast(steps, y, lr_steps=steps, lr_values=lr, upto=n - 1, final_step=n - 1)
+    assert f_lr.model == "lr_law"
+
+
+def test_reference_mode_uses_an_earlier_runs_curve_with_offset():
+    s, ref = power_curve(n=3000)
+    now = ref[:1000] + 0.05
+    rc = ReferenceCurve.from_frame(
+        pd.DataFrame({"metric": "loss", "step": s, "value": ref}), "loss"
+    )
+    f = forecast(s[:1000], now, final_step=3000, reference=rc)
+    assert f.model == "reference"
+    assert f.predicted == pytest.approx(ref[-1] + 0.05, abs=0.01)
+
+
+def test_streaming_bins_are_bounded_for_ten_million_steps():
+    b = LogBins()
+    for step in range(0, 10_000_000, 997):
+        b.add(step, 1.0)
+    assert len(b) < 200
+
+
+def test_forecast_on_a_real_run_at_half_way():
+    path = REAL_RUNS / "mlm_gpt3_15b_a100.csv"
+    if not path.is_file():
+        pytest.skip(f"real training curves not found at {path}")
+    df = pd.read_csv(path)
+    g = df[df["metric"] == "train_loss"].sort_values("step")
+    s, v = g["step"].to_numpy(), g["value"].to_numpy()
+    final = float(np.median(v[-100:]))
+    f = forecast(s, v, upto=25_000, final_step=int(s[-1]))
+    assert abs(f.predicted - final) / final < 0.02
+    assert f.lower <= final <= f.upper
