@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from runwatch.detect.fleet import fleet_anomalies
+from runwatch.detect.live import roles_from_config
 from runwatch.detect.monitor import Monitor
 from runwatch.detect.replay import analyze_frame
 from runwatch.detect.roles import role_of
@@ -49,6 +51,10 @@ def analyze_run(
     events = store.events(run)
     monitor = Monitor(config)
     anomalies = analyze_frame(points, events, monitor=monitor)
+    # Cross-rank detectors (stragglers, hangs, hardware) see every attempt: the ranks that
+    # were behind when a hang struck are in the attempt its restart superseded.
+    everything = store.read_points(run, all_attempts=True)
+    anomalies += fleet_anomalies(everything, events, roles_from_config(config))
     if save:
         store.save_anomalies(store.run_id(run), "replay", anomalies, replace=True)
         for metric in _loss_metrics(points, config):
@@ -60,8 +66,7 @@ def analyze_run(
 
 
 def _loss_metrics(points: pd.DataFrame, config: Mapping[str, Any] | None) -> list[str]:
-    roles = dict((config or {}).get("roles", {}) or {}) if config else {}
-    overrides = {k: v for k, v in (config or {}).items() if k != "roles"} | roles
+    overrides = roles_from_config(config)
     return [m for m in points["metric"].unique() if role_of(m, overrides) == "loss"]
 
 

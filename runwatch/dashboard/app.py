@@ -16,6 +16,7 @@ PAGES: list[tuple[str, str, str, str]] = [
     ("views/run.py", "Run", "run", ":material/show_chart:"),
     ("views/anomalies.py", "Anomalies", "anomalies", ":material/notification_important:"),
     ("views/compare.py", "Compare", "compare", ":material/stacked_line_chart:"),
+    ("views/fleet.py", "Fleet", "fleet", ":material/dns:"),
 ]
 
 st.set_page_config(page_title="runwatch", page_icon="📈", layout="wide")

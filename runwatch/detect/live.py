@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from runwatch.detect.fleet import FleetMonitor
 from runwatch.detect.monitor import Monitor
 from runwatch.hook.backend import SeriesBatch
 from runwatch.model import Anomaly, Event
@@ -32,6 +33,16 @@ from runwatch.store import Store
 log = logging.getLogger("runwatch.detect.live")
 
 _STOP = object()
+HANG_CHECK_EVERY_S = 5.0
+"""How often the detection thread asks the hang detector, when no batch arrives."""
+
+
+def roles_from_config(config: Mapping[str, Any] | None) -> dict[str, str]:
+    """Metric -> role overrides, from a flat mapping or a nested ``{"roles": {...}}``."""
+    if not config:
+        return {}
+    nested = dict(config.get("roles", {}) or {})
+    return {k: v for k, v in config.items() if k != "roles"} | nested
 
 
 class LiveDetection:
@@ -49,6 +60,8 @@ class LiveDetection:
         self._store_path = store_path
         self._run_id = run_id
         self.monitor = Monitor(config)
+        # Cross-rank detectors; wall-clock time, as the points carry Unix times.
+        self.fleet = FleetMonitor(roles_from_config(config), clock=time.time)
         self._ids: dict[int, int] = {}
         self._on_change = on_change
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -99,9 +112,13 @@ class LiveDetection:
             return
         try:
             while True:
-                item = self._queue.get()
+                try:
+                    item = self._queue.get(timeout=HANG_CHECK_EVERY_S)
+                except queue.Empty:  # no data for a while: exactly when a hang shows
+                    self._save(self.fleet.tick())
+                    continue
                 if item is _STOP:
-                    self._save(self.monitor.finish())
+                    self._save(self.monitor.finish() + self.fleet.finish())
                     return
                 batch, events, n = item
                 try:
@@ -114,9 +131,12 @@ class LiveDetection:
             self._store.close()
 
     def _detect(self, batch: SeriesBatch, events: list[Event]) -> None:
+        changed: dict[int, Anomaly] = {}
         for event in events:
-            self.monitor.event(event)
+            for anomaly in self.monitor.event(event) + self.fleet.event(event):
+                changed[id(anomaly)] = anomaly
         if not batch:
+            self._save(changed.values())
             return
         names, order_keys, steps, values, times, which = [], [], [], [], [], []
         for series in batch:
@@ -130,7 +150,7 @@ class LiveDetection:
         step_all = np.concatenate(steps)
         order = np.lexsort((np.concatenate(order_keys), step_all))
         update = self.monitor.update
-        changed: dict[int, Anomaly] = {}
+        fleet_update = self.fleet.update
         for i, step, value, stamp in zip(
             np.concatenate(which)[order].tolist(),
             step_all[order].tolist(),
@@ -139,8 +159,13 @@ class LiveDetection:
             strict=True,
         ):
             name, labels = names[i]
-            for anomaly in update(name, labels, step, value, None if stamp != stamp else stamp):
+            stamp = None if stamp != stamp else stamp
+            for anomaly in update(name, labels, step, value, stamp):
                 changed[id(anomaly)] = anomaly
+            for anomaly in fleet_update(name, labels, step, value, stamp):
+                changed[id(anomaly)] = anomaly
+        for anomaly in self.fleet.tick():
+            changed[id(anomaly)] = anomaly
         self._save(changed.values())
 
     def _series_rank(self, name: str, labels: Mapping[str, Any]) -> int:

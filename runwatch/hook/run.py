@@ -64,6 +64,8 @@ class Run:
         alerts: str | os.PathLike[str] | None = None,
         alert_timeout: float = 10.0,
         prometheus_port: int | None = None,
+        system_metrics: bool = False,
+        system_metrics_interval: float = 10.0,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"run name must be a non-empty str, got {name!r}")
@@ -83,6 +85,7 @@ class Run:
         self._writer: Writer | None = None
         self._backend: Backend | None = None
         self._detection: LiveDetection | None = None
+        self._sampler: Any = None
         self.run_id: int | None = None
         self._finished = False
         self._pid = os.getpid()
@@ -133,6 +136,10 @@ class Run:
             return
         self._accepting = True
         _live_runs.add(self)
+        if system_metrics:  # GPU (NVML) and host readings on a thread of their own
+            from runwatch.collectors.sampler import start_system_metrics
+
+            self._sampler = start_system_metrics(self, system_metrics_interval)
 
     # -- the hot path ------------------------------------------------------------------------
     def log(self, data: Mapping[str, Any], step: int | None = None) -> None:
@@ -242,6 +249,8 @@ class Run:
         self._closed_reason = "finished"
         timeout = self._finish_timeout if timeout is None else timeout
         started = time.monotonic()
+        if self._sampler is not None:
+            self._sampler.stop(1.0)
         writer = self._writer
         if writer is not None and writer.is_alive():
             self._put(STOP)
@@ -302,6 +311,7 @@ class Run:
         """In a forked child (DataLoader worker), the writer thread does not exist."""
         self._accepting = False
         self._closed_reason = "forked_child"
+        self._sampler = None  # its thread did not survive the fork
         self._queue = queue.SimpleQueue()
         self._put = self._queue.put
 

@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -138,6 +139,9 @@ class Writer(threading.Thread):
             else:
                 self._take_labeled(*item)
         elif isinstance(item, Event):
+            if item.rank is None and item.host is None and self._labels:
+                # an event belongs to the process that logged it: its rank and host
+                item = replace(item, rank=self._labels.get("rank"), host=self._labels.get("host"))
             self._events.append(item)
         elif isinstance(item, threading.Event):  # a flush request from run.flush()
             self._flush()

@@ -433,11 +433,13 @@ class Store(JudgementTables, OutboxTables, IngestTables):
         *,
         start: int | None = None,
         end: int | None = None,
+        all_attempts: bool = False,
     ) -> pd.DataFrame:
         """Every live point of a run in long format: metric, rank, host, gpu, step, time, value.
 
         Sorted by step, then metric and labels: the order a live run delivers them in, so a
-        replay of this frame sees what the live Monitor saw.
+        replay of this frame sees what the live Monitor saw. ``all_attempts=True`` returns
+        every stored point in the order the attempts wrote them, with a ``superseded`` column.
         """
         run_id = self._resolve(run)
         catalogue = self.series(run_id)
@@ -446,12 +448,17 @@ class Store(JudgementTables, OutboxTables, IngestTables):
         with self._lock:
             raw = _read_blocks(self._conn, catalogue["series_id"].tolist(), start, end)
             starts = self._attempt_starts(run_id)
-        live = latest_points(raw, starts)
-        merged = live.merge(catalogue.drop(columns="points"), on="series_id", how="left")
-        merged = merged.sort_values(["step", "series_id"], kind="stable")
-        return merged[["metric", *LABEL_KEYS, "step", "time", "value", "attempt"]].reset_index(
-            drop=True
-        )
+        columns = ["metric", *LABEL_KEYS, "step", "time", "value", "attempt"]
+        if all_attempts:
+            points = raw.assign(superseded=mark_superseded(raw, starts))
+            order = ["attempt", "step", "series_id"]
+            columns.append("superseded")
+        else:
+            points = latest_points(raw, starts)
+            order = ["step", "series_id"]
+        merged = points.merge(catalogue.drop(columns="points"), on="series_id", how="left")
+        merged = merged.sort_values(order, kind="stable")
+        return merged[columns].reset_index(drop=True)
 
     # -- events ------------------------------------------------------------------------------
     def events(self, run: str | int, kinds: Sequence[str] | None = None) -> pd.DataFrame:

@@ -167,3 +167,24 @@ def test_forecast_with_too_little_data_is_a_clear_error(db_path, capsys, values)
     assert main(["forecast", "--db", str(db_path), "--run", "r", "--metric", "loss"]) == 2
     err = capsys.readouterr().err
     assert "too little data" in err or "has no metric" in err
+
+
+def test_analyze_names_the_slow_rank_of_an_imported_fleet(tmp_path, db_path, capsys):
+    rng = np.random.default_rng(3)
+    rows = ["run,step,metric,value,rank,host"]
+    for step in range(400):
+        common = 1.0 + 0.02 * rng.standard_normal()
+        for rank in range(16):
+            slow = 1.2 if rank == 5 and step >= 100 else 1.0
+            value = common * slow * (1 + 0.01 * rng.standard_normal())
+            rows.append(f"fleet,{step},step_time_s,{value:.5f},{rank},node{rank // 8}")
+    src = tmp_path / "fleet.csv"
+    src.write_text("\n".join(rows) + "\n")
+    assert main(["import", str(src), "--db", str(db_path)]) == 0
+    capsys.readouterr()
+    main(["analyze", "--db", str(db_path), "--run", "fleet", "--format", "json"])
+    found = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    accused = {row["labels"].get("rank") for row in found if "straggler" in row["detector"]}
+    assert accused == {5}
+    (row,) = [r for r in found if "straggler" in r["detector"]]
+    assert row["labels"]["host"] == "node0" and row["start_step"] >= 100

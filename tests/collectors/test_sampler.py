@@ -39,8 +39,8 @@ def test_system_metrics_land_in_the_store_under_gpu_labels_with_xid_events(db_pa
     )
     assert pts["value"].tolist()[:3] == [62.0, 70.0, 71.0] and set(pts["step"]) == {5}
     xid = store.events("sys", kinds=["xid"])
-    # The writer does not merge the run's rank/host labels into events yet (lead: writer.py).
     assert len(xid) == 1
+    assert (xid["rank"].item(), xid["host"].item()) == (3, "node-7")
     assert json.loads(xid["attrs"].item()) == {"xid": 79, "gpu": 1, "critical": True}
     assert "critical XID 79 on GPU 1" in xid["message"].item()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import time
 
 import numpy as np
 import pytest
@@ -302,3 +303,17 @@ def test_collector_points_get_their_own_labels_and_never_start_an_attempt(db_pat
         gpu1 = store.read_series("r", "gpu_temp_c", {"host": "n1", "gpu": 1})
     assert (gpu0["step"].tolist(), gpu0["value"].tolist()) == ([100], [61.0])
     assert (gpu1["step"].tolist(), gpu1["value"].tolist()) == ([3], [75.0])
+
+
+def test_system_metrics_option_collects_host_readings(db_path):
+    with runwatch.init(
+        name="r", store=db_path, system_metrics=True, system_metrics_interval=0.05
+    ) as run:
+        for step in range(5):
+            run.log({"loss": 1.0}, step=step)
+        deadline = time.monotonic() + 20
+        while run._sampler.polls < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    with runwatch.open_store(str(db_path)) as store:
+        metrics = set(store.series("r")["metric"])
+    assert any(m.startswith("host_") for m in metrics), metrics
