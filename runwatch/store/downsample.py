@@ -40,15 +40,15 @@ def minmax_downsample(frame: pd.DataFrame, max_points: int, x: str = "step") -> 
     low = np.where(nonfinite, np.inf, values)
     high = np.where(nonfinite, -np.inf, values)
     ends = np.r_[starts[1:], n]
-    keep[_segment_argext(low, starts, ends, np.minimum)] = True
-    keep[_segment_argext(high, starts, ends, np.maximum)] = True
+    keep[segment_argext(low, starts, ends, np.minimum)] = True
+    keep[segment_argext(high, starts, ends, np.maximum)] = True
     if per_bucket == 3:
-        first_bad = _first_flagged(nonfinite, starts, ends)
+        first_bad = first_flagged(nonfinite, starts, ends)
         keep[first_bad[first_bad >= 0]] = True
     return frame.iloc[np.flatnonzero(keep)].reset_index(drop=True)
 
 
-def _segment_argext(
+def segment_argext(
     values: np.ndarray, starts: np.ndarray, ends: np.ndarray, ufunc: np.ufunc
 ) -> np.ndarray:
     """Index of each segment's min (or max), vectorised with ``ufunc.reduceat``."""
@@ -66,7 +66,7 @@ def _segment_argext(
     return first
 
 
-def _first_flagged(flags: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+def first_flagged(flags: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     idx = np.flatnonzero(flags)
     seg = np.searchsorted(starts, idx, side="right") - 1
     first = np.full(len(starts), -1, dtype=np.int64)

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from runwatch.store.codec import decode_block, encode_block
+from runwatch.store.downsample import first_flagged, segment_argext
 
 SEAL_POINTS = 4096
 """Points per sealed block: large enough to compress well, small enough to read selectively."""
@@ -105,8 +106,8 @@ class BlockAppender:
         sealed: bool,
     ) -> None:
         self._conn.execute(
-            "INSERT INTO point_blocks (series_id, attempt, min_step, max_step, n, sealed, data) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO point_blocks (series_id, attempt, min_step, max_step, n, sealed, data, "
+            "summary) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 series_id,
                 attempt,
@@ -115,11 +116,92 @@ class BlockAppender:
                 len(steps),
                 int(sealed),
                 encode_block(steps, times, values),
+                summarize_block(steps, times, values) if sealed else None,
             ),
         )
 
 
-POINT_COLUMNS = ["series_id", "step", "time", "value", "attempt"]
+SUMMARY_GROUP = 32
+"""Points per group of a block summary: each group keeps its min, max and first NaN/Inf."""
+
+
+def summarize_block(steps: np.ndarray, times: np.ndarray, values: np.ndarray) -> bytes | None:
+    """The extremes of every ``SUMMARY_GROUP`` consecutive points, encoded as a block.
+
+    Only for blocks whose steps strictly increase (the usual case); a block with repeated or
+    out-of-order steps gets no summary and is always read in full.
+
+    >>> steps = np.arange(64); values = np.zeros(64); values[40] = 9.0
+    >>> s, _, v = decode_block(summarize_block(steps, steps * 1.0, values))
+    >>> 40 in s.tolist(), len(s) <= 6
+    (True, True)
+    """
+    n = len(steps)
+    if n < 2 * SUMMARY_GROUP or not bool(np.all(np.diff(steps) > 0)):
+        return None
+    starts = np.arange(0, n, SUMMARY_GROUP)
+    ends = np.r_[starts[1:], n]
+    finite = np.isfinite(values)
+    keep = np.zeros(n, dtype=bool)
+    keep[segment_argext(np.where(finite, values, np.inf), starts, ends, np.minimum)] = True
+    keep[segment_argext(np.where(finite, values, -np.inf), starts, ends, np.maximum)] = True
+    first_bad = first_flagged(~finite, starts, ends)
+    keep[first_bad[first_bad >= 0]] = True
+    return encode_block(steps[keep], times[keep], values[keep])
+
+
+def read_summarized(
+    conn: sqlite3.Connection, series_id: int, start: int | None, end: int | None, max_points: int
+) -> pd.DataFrame | None:
+    """Points for a downsampled read from block summaries, or None when they cannot serve.
+
+    Summaries serve when the range holds far more points than asked for (a bucket then spans
+    many 32-point groups, so its min and max are among the groups' extremes, exact up to the
+    one group a bucket edge may split) and every block in range is either summarized or
+    unsealed, with no overlapping steps within an attempt (no repeated steps to resolve).
+    """
+    sql = (
+        "SELECT id, attempt, min_step, max_step, n, sealed, summary IS NOT NULL "
+        "FROM point_blocks WHERE series_id = ?"
+    )
+    params: list[int] = [series_id]
+    if start is not None:
+        sql += " AND max_step >= ?"
+        params.append(int(start))
+    if end is not None:
+        sql += " AND min_step <= ?"
+        params.append(int(end))
+    blocks = conn.execute(sql + " ORDER BY id", params).fetchall()
+    total = sum(b[4] for b in blocks)
+    if total < 64 * max_points:
+        return None
+    last_max: dict[int, int] = {}
+    for _, attempt, lo, hi, _, sealed, has_summary in blocks:
+        if (sealed and not has_summary) or lo <= last_max.get(attempt, -1):
+            return None
+        last_max[attempt] = hi
+    parts = []
+    for block_id, attempt, _, _, _, sealed, _ in blocks:
+        column = "summary" if sealed else "data"
+        (blob,) = conn.execute(
+            f"SELECT {column} FROM point_blocks WHERE id = ?", (block_id,)
+        ).fetchone()
+        steps, times, values = decode_block(blob)
+        parts.append((steps, times, values, np.full(len(steps), attempt, dtype=np.int64)))
+    frame = pd.DataFrame(
+        {
+            "series_id": series_id,
+            "step": np.concatenate([p[0] for p in parts]),
+            "time": np.concatenate([p[1] for p in parts]),
+            "value": np.concatenate([p[2] for p in parts]),
+            "attempt": np.concatenate([p[3] for p in parts]),
+        }
+    )
+    if start is not None or end is not None:
+        lo = -np.inf if start is None else start
+        hi = np.inf if end is None else end
+        frame = frame[(frame["step"] >= lo) & (frame["step"] <= hi)]
+    return frame.reset_index(drop=True)
 
 
 def read_blocks(
@@ -210,6 +292,9 @@ def latest_points(points: pd.DataFrame, attempt_starts: dict[int, int | None]) -
     """The points a reader should see: latest attempt wins, last value of a repeated step."""
     if points.empty:
         return points
+    steps = points["step"].to_numpy()
+    if points["attempt"].nunique() == 1 and bool(np.all(steps[1:] > steps[:-1])):
+        return points.reset_index(drop=True)  # one attempt, strictly increasing: as read
     live = points[~mark_superseded(points, attempt_starts)]
     keys = ["series_id", "step"] if "series_id" in live.columns else ["step"]
     live = live.drop_duplicates(subset=keys, keep="last")

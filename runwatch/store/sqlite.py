@@ -31,7 +31,13 @@ from runwatch.store.errors import RunExistsError, RunNotFoundError, StoreError
 from runwatch.store.ingest import IngestTables
 from runwatch.store.judgements import JudgementTables
 from runwatch.store.outbox import OutboxTables
-from runwatch.store.points import BlockAppender, PointArrays, latest_points, mark_superseded
+from runwatch.store.points import (
+    BlockAppender,
+    PointArrays,
+    latest_points,
+    mark_superseded,
+    read_summarized,
+)
 from runwatch.store.points import read_blocks as _read_blocks
 from runwatch.store.schema import migrate
 
@@ -414,7 +420,14 @@ class Store(JudgementTables, OutboxTables, IngestTables):
                         "attempt": pd.Series(dtype="int64"),
                     }
                 )
-            raw = _read_blocks(self._conn, [row[0]], start, end)
+            summarized = None
+            if max_points is not None and not all_attempts:
+                summarized = read_summarized(self._conn, row[0], start, end, max_points)
+            raw = (
+                summarized
+                if summarized is not None
+                else _read_blocks(self._conn, [row[0]], start, end)
+            )
             starts = self._attempt_starts(run_id)
         if all_attempts:
             frame = raw.assign(superseded=mark_superseded(raw, starts))
