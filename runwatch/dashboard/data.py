@@ -25,7 +25,6 @@ from runwatch.analysis import planned_final_step
 from runwatch.dashboard import shaping
 from runwatch.expect.forecast import FIT_FROM, forecast
 from runwatch.store import Store, open_store
-from runwatch.store.downsample import minmax_downsample
 
 log = logging.getLogger("runwatch.dashboard")
 
@@ -88,18 +87,24 @@ def series_view(
 ) -> pd.DataFrame:
     """step, time, value, attempt, superseded, smooth: at most ``max_points`` rows.
 
-    Smoothing runs on the full-resolution points of the window, before downsampling (an EMA
-    of bucket extremes would be meaningless); the redone steps of earlier attempts get a
-    quarter of the budget, they are drawn faded for context.
+    The live points come downsampled from the store (min, max and first NaN per bucket,
+    from block summaries when the window is large), so a million-step panel reads a few
+    tens of thousands of points, not a million. Smoothing is TensorBoard's EMA; on a
+    downsampled window it runs over the kept points with the weight raised to the number
+    of steps each one stands for, so the line looks as smooth as the full-resolution EMA
+    would. The redone steps of earlier attempts get a quarter of the budget; they are drawn
+    faded for context.
     """
-    raw = reader(db).read_series(run, metric, start=start, end=end, all_attempts=True)
-    old = raw[raw["superseded"]]
-    live = raw[~raw["superseded"]]
-    live = live.assign(smooth=shaping.ema(live["value"].to_numpy(), smoothing))
-    live = minmax_downsample(live, max_points)
+    store = reader(db)
+    live = store.read_series(run, metric, start=start, end=end, max_points=max_points)
+    live = live.assign(superseded=False)
+    span = float(live["step"].iloc[-1] - live["step"].iloc[0]) if len(live) > 1 else 0.0
+    per_point = max(1.0, span / max(len(live) - 1, 1))
+    weight = smoothing**per_point if smoothing > 0 else 0.0
+    live = live.assign(smooth=shaping.ema(live["value"].to_numpy(), weight))
+    old = store.read_redone(run, metric, start=start, end=end, max_points=max(3, max_points // 4))
     if len(old):
-        old = minmax_downsample(old.assign(smooth=old["value"]), max(3, max_points // 4))
-        live = pd.concat([live, old], ignore_index=True)
+        live = pd.concat([live, old.assign(smooth=old["value"])], ignore_index=True)
     return live.reset_index(drop=True)
 
 

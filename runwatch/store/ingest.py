@@ -203,3 +203,9 @@ class IngestTables:
             "points",
         )
         return dict(zip(keys, row, strict=True))
+
+    def run_status(self, run_id: int) -> str | None:
+        """The run's status, or None if there is no such run (a cheap existence check)."""
+        with self._lock:  # type: ignore[attr-defined]
+            row = self._conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return None if row is None else str(row[0])

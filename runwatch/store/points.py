@@ -271,12 +271,12 @@ def mark_superseded(points: pd.DataFrame, attempt_starts: dict[int, int | None])
     >>> mark_superseded(pts, {1: 1, 2: 2}).tolist()
     [False, True, True, False, False]
     """
-    cutoff = _attempt_cutoffs(attempt_starts)
+    cutoff = attempt_cutoffs(attempt_starts)
     limits = points["attempt"].map(cutoff).fillna(np.inf).to_numpy(dtype=np.float64)
     return pd.Series(points["step"].to_numpy() >= limits, index=points.index)
 
 
-def _attempt_cutoffs(attempt_starts: dict[int, int | None]) -> dict[int, float]:
+def attempt_cutoffs(attempt_starts: dict[int, int | None]) -> dict[int, float]:
     """For each attempt, the lowest start step of any later attempt (inf when none)."""
     cutoffs: dict[int, float] = {}
     running = np.inf

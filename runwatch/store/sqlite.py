@@ -34,6 +34,7 @@ from runwatch.store.outbox import OutboxTables
 from runwatch.store.points import (
     BlockAppender,
     PointArrays,
+    attempt_cutoffs,
     latest_points,
     mark_superseded,
     read_summarized,
@@ -435,6 +436,46 @@ class Store(JudgementTables, OutboxTables, IngestTables):
         else:
             frame = latest_points(raw, starts)
         frame = frame.drop(columns="series_id")
+        if max_points is not None:
+            frame = minmax_downsample(frame, max_points)
+        return frame
+
+    def read_redone(
+        self,
+        run: str | int,
+        metric: str,
+        labels: Mapping[str, Any] | None = None,
+        *,
+        start: int | None = None,
+        end: int | None = None,
+        max_points: int | None = None,
+    ) -> pd.DataFrame:
+        """Only the superseded points of a series (steps a later attempt redid: lost work).
+
+        Reads only the blocks that can hold them, so drawing a restart's redone steps on a
+        million-step chart does not decode the whole earlier attempt.
+        """
+        run_id = self._resolve(run)
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT id FROM series WHERE run_id = ? AND metric = ? AND labels = ?",
+                (run_id, metric, labels_key(labels)),
+            ).fetchone()
+            starts = self._attempt_starts(run_id)
+            cutoffs = attempt_cutoffs(starts)
+            parts = []
+            for attempt, cutoff in cutoffs.items():
+                if row is None or cutoff == np.inf:
+                    continue
+                lo = int(cutoff) if start is None else max(int(cutoff), int(start))
+                frame = _read_blocks(self._conn, [row[0]], lo, end)
+                parts.append(frame[frame["attempt"] == attempt])
+        if not parts:
+            frame = _read_blocks(self._conn, [], None, None)
+        else:
+            frame = pd.concat(parts, ignore_index=True)
+        frame = frame.assign(superseded=True).sort_values(["step", "attempt"], kind="stable")
+        frame = frame.drop(columns="series_id").reset_index(drop=True)
         if max_points is not None:
             frame = minmax_downsample(frame, max_points)
         return frame
