@@ -30,10 +30,14 @@ class CurveDeviation(Detector):
     sigmas of the smoothed value and (``rel_margin`` + validation error + ``extrap_rel``
     per e-fold of extrapolation since the fit) of the level.
     ``patience`` points in a row above the band: warning ("worse than expected"); below
-    the band: info ("better than expected": an annealing LR does that, see below).
+    the band: info ("better than expected": an annealing LR does that, see below). A slope
+    test runs beside it: over the last ``stall_window`` points the smoothed loss must fall
+    at least ``stall_frac`` of what the curve predicts for the same steps, whenever that
+    predicted fall is clear of the noise and above ``stall_min`` of the level; otherwise
+    the loss has stalled (warning). The slope test does not depend on the fit's level.
 
-    Catches: silent plateaus (LR stuck at 0, a frozen layer, data stuck on a few shards)
-    and level shifts (a harder data mix), as deviations above the band.
+    Catches: silent plateaus (LR stuck at 0, a frozen layer, data stuck on a few shards),
+    as a stall or a deviation above the band, and level shifts (a harder data mix).
     The curve is not extrapolated past twice the step of the last learned point: beyond
     that the detector stops judging and learns again (a bound on how long a wrong fit can
     keep alarming).
@@ -74,6 +78,9 @@ class CurveDeviation(Detector):
         refit_growth: float = 1.5,
         extrap_rel: float = 0.02,
         learn_frac: float = 0.5,
+        stall_window: int = 500,
+        stall_frac: float = 0.25,
+        stall_min: float = 0.004,
         adapt_after: int = 5000,
     ) -> None:
         check_number("span", span, low=1, integer=True)
@@ -86,7 +93,13 @@ class CurveDeviation(Detector):
         check_number("refit_growth", refit_growth, low=1.01)
         check_number("extrap_rel", extrap_rel, low=0.0)
         check_number("learn_frac", learn_frac, low=0.0, high=1.0)
+        check_number("stall_window", stall_window, low=2, integer=True)
+        check_number("stall_frac", stall_frac, low=0.0, high=1.0)
+        check_number("stall_min", stall_min, low=0.0)
         check_number("adapt_after", adapt_after, low=1, integer=True)
+        self.stall_window = stall_window
+        self.stall_frac = stall_frac
+        self.stall_min = stall_min
         self.extrap_rel = extrap_rel
         self.learn_frac = learn_frac
         self.span = span
@@ -120,6 +133,8 @@ class CurveDeviation(Detector):
         self._flagged = 0
         self._n_fits = 0
         self._n_untrusted = 0
+        self._hist: list[tuple[int, float]] = []
+        self._stalled = 0
         self._val_err = 0.0
         self._last_fit: PowerLaw | None = None
         self._last_fit_step = 0.0
@@ -241,6 +256,9 @@ class CurveDeviation(Detector):
                 self._over = self._flagged = 0
             return sig
         self._over = self._flagged = 0
+        stalled = self._stall_check(step, ema, law, sigma)
+        if stalled is not None:
+            return stalled
         if ema <= exp_v + self.learn_frac * half:
             self._learn(step, value)
         if ema < exp_v - half:
@@ -249,6 +267,48 @@ class CurveDeviation(Detector):
                 return self._signal("info", step, value, ema, exp_v, half, "below")
         else:
             self._under = 0
+        return None
+
+    def _stall_check(self, step: int, ema: float, law: PowerLaw, sigma: float):
+        """Has the loss stopped falling where the curve expects it to fall?
+
+        Compares the fall of the smoothed loss over the last ``stall_window`` points with
+        the fall the expected curve predicts over the same steps: a slope test, so it does
+        not depend on the fit's level being right, only on its slope.
+        """
+        hist = self._hist
+        hist.append((step, ema))
+        if len(hist) > self.stall_window:
+            del hist[0]
+        else:
+            return None
+        s_then, e_then = hist[0]
+        if s_then >= step:
+            return None
+        then = law.A * max(s_then + law.s0, 1e-9) ** -law.alpha
+        now = law.A * max(step + law.s0, 1e-9) ** -law.alpha
+        d_exp = then - now
+        d_obs = e_then - ema
+        need = max(self.band_sigmas * math.sqrt(2.0) * sigma, self.stall_min * abs(ema))
+        if d_exp > need and d_obs < self.stall_frac * d_exp:
+            self._stalled += 1
+            if self._stalled >= self.patience:
+                msg = (
+                    f"loss stopped improving: fell {d_obs:.3g} over steps {s_then}-{step} "
+                    f"where the expected curve falls {d_exp:.3g}"
+                )
+                return Signal(
+                    "warning",
+                    d_exp / max(d_obs, 1e-12) if d_obs > 0 else 1000.0,
+                    ema,
+                    e_then - d_exp,
+                    None,
+                    e_then - self.stall_frac * d_exp,
+                    msg,
+                    {"smoothed": ema, "side": "stalled", "expected_fall": d_exp, "fall": d_obs},
+                )
+            return None
+        self._stalled = 0
         return None
 
     def _learn(self, step: int, value: float) -> None:

@@ -11,12 +11,11 @@ class Divergence(Detector):
     """A sustained rise of the smoothed (log) loss above its best recent level.
 
     The loss is smoothed by a running median of ``median_window`` points (so one or two
-    spikes do not move it at all) followed by an EMA of ``span`` points. The reference is the lowest
-    smoothed value over roughly the last ``ref_blocks * block`` points (after ``warmup``
-    points); the rise above it must exceed both ``threshold`` sigmas of the EMA's own noise
-    and ``min_rise`` (log units, 0.05 = 5%) for ``patience`` points in a row. Blocks are
-    summarised by the mean of the smoothed value, so the reference is not the luckiest
-    noisy dip. Warning, and
+    spikes do not move it at all) followed by an EMA of ``span`` points. The reference is
+    the lowest block mean of the smoothed value over roughly the last ``ref_blocks * block``
+    points after ``warmup`` (a block mean, so the reference is not the luckiest noisy dip).
+    The rise above it must exceed both ``threshold`` sigmas of the EMA's own noise and
+    ``min_rise`` (log units, 0.05 = 5%) for ``patience`` points in a row: warning, and
     critical once the smoothed loss is ``critical_ratio`` times the reference.
 
     Catches: a run going wrong (loss creeping or jumping up and staying up).

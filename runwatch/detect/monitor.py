@@ -153,7 +153,11 @@ class Monitor:
         value: float,
         time: float | None = None,
     ) -> list[Anomaly]:
-        """Feed one point; return the anomalies opened, updated or closed by it."""
+        """Feed one point; return the anomalies opened, updated or closed by it.
+
+        ``time`` is accepted for the contract but not used: detectors judge by step and
+        by point order, which is what keeps replay identical to live watching.
+        """
         lk = tuple(_norm_label(labels.get(k)) for k in LABEL_KEYS) if labels else _NO_LABELS
         series = self._series.get((metric, lk))
         if series is None:

@@ -62,10 +62,11 @@ def _loss() -> list[Detector]:
 
 
 def _grad_norm() -> list[Detector]:
-    # Grad norms are burstier than losses: only large or lasting bursts are warnings.
+    # Grad norms are burstier than losses (heavy tails, often printed to 2 decimals): a
+    # higher threshold keeps info noise down, and only large or lasting bursts are warnings.
     return [
         NonFinite(),
-        Spike(warn_ratio=20.0, critical_ratio=100.0, sustain=50, sustain_ratio=3.0),
+        Spike(threshold=6.0, warn_ratio=20.0, critical_ratio=100.0, sustain=50, sustain_ratio=3.0),
     ]
 
 
