@@ -19,6 +19,7 @@ on, as shipped), on this 2-core machine, clients and server sharing the cores:
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -56,8 +57,19 @@ class Server:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runwatch.cli", "serve", "--db", str(self.db), "--port",
-             str(self.port), "--token-file", str(self.token_file), *self.extra],
+            [
+                sys.executable,
+                "-m",
+                "runwatch.cli",
+                "serve",
+                "--db",
+                str(self.db),
+                "--port",
+                str(self.port),
+                "--token-file",
+                str(self.token_file),
+                *self.extra,
+            ],
             stdout=subprocess.DEVNULL,
         )
         for _ in range(400):
@@ -112,13 +124,28 @@ class TimedBackend(HttpBackend):
 def _ranks_worker(url: str, name: str, ranks: list[int], duration: float, spill: str, out) -> None:
     runs, backends = [], []
     for rank in ranks:
-        backend = TimedBackend(url, TOKEN, launch_id="bench", world_size=256, rank=rank,
-                               host=f"node-{rank // 8}", spill_dir=spill, max_backoff_s=1.0,
-                               finish_drain_s=120)
+        backend = TimedBackend(
+            url,
+            TOKEN,
+            launch_id="bench",
+            world_size=256,
+            rank=rank,
+            host=f"node-{rank // 8}",
+            spill_dir=spill,
+            max_backoff_s=1.0,
+            finish_drain_s=120,
+        )
         backend.latencies = []
         backends.append(backend)
-        runs.append(Run(name, backend=backend, labels={"rank": rank, "host": f"node-{rank // 8}"},
-                        monitor=False, flush_interval=1.0))
+        runs.append(
+            Run(
+                name,
+                backend=backend,
+                labels={"rank": rank, "host": f"node-{rank // 8}"},
+                monitor=False,
+                flush_interval=1.0,
+            )
+        )
     steps = int(duration * 5)
     t0 = time.monotonic()
     for step in range(steps):
@@ -127,23 +154,30 @@ def _ranks_worker(url: str, name: str, ranks: list[int], duration: float, spill:
             time.sleep(delay)
         for rank, run in zip(ranks, runs, strict=True):
             run.log({m: rank + step * 1e-3 + i for i, m in enumerate(METRICS)}, step=step)
-    for run in runs:
-        run.finish(timeout=180)
-    out.put({
-        "logged": sum(r.stats()["logged"] for r in runs),
-        "written": sum(r.stats()["written"] for r in runs),
-        "dropped": sum(sum(r.stats()["dropped"].values()) for r in runs),
-        "latencies": [x for b in backends for x in b.latencies],
-        "steps": steps,
-    })
+    finishing = [threading.Thread(target=run.finish, kwargs={"timeout": 180}) for run in runs]
+    for thread in finishing:  # ranks finish together, as a real job's do
+        thread.start()
+    for thread in finishing:
+        thread.join()
+    out.put(
+        {
+            "logged": sum(r.stats()["logged"] for r in runs),
+            "written": sum(r.stats()["written"] for r in runs),
+            "dropped": sum(sum(r.stats()["dropped"].values()) for r in runs),
+            "latencies": [x for b in backends for x in b.latencies],
+            "steps": steps,
+        }
+    )
 
 
 def _run_ranks(server: Server, name: str, args, duration: float, kill_at: float | None = None):
     queue: mp.Queue = mp.Queue()
     per = [list(range(args.ranks))[i :: args.procs] for i in range(args.procs)]
     spill = tempfile.mkdtemp(prefix="runwatch-bench-spill-")
-    procs = [mp.Process(target=_ranks_worker, args=(server.url, name, r, duration, spill, queue))
-             for r in per]
+    procs = [
+        mp.Process(target=_ranks_worker, args=(server.url, name, r, duration, spill, queue))
+        for r in per
+    ]
     sampler = Sampler(server)
     sampler.start()
     for p in procs:
@@ -178,22 +212,39 @@ def _verify(db: Path, name: str, expected_per_series: int) -> tuple[int, int, in
 
 def _peak_worker(url: str, worker: int, duration: float, out) -> None:
     n, k = 2000, 64
+    rng = np.random.default_rng(worker)
     series = ",".join(
-        '{"metric":"m%d","labels":{"rank":%d},"steps":%s,"times":%s,"values":%s}'
-        % (i, worker, list(range(n)), (1.7e9 + np.arange(n) * 0.2).tolist(),
-           np.random.default_rng(i).random(n).round(6).tolist())
+        json.dumps(
+            {
+                "metric": f"m{i}",
+                "labels": {"rank": worker},
+                "steps": list(range(n)),
+                "times": (1.7e9 + np.arange(n) * 0.2).tolist(),
+                "values": rng.random(n).round(6).tolist(),
+            },
+            separators=(",", ":"),
+        )
         for i in range(k)
-    ).replace(" ", "").encode()
+    ).encode()
     client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
     cid = f"peak-{worker}"
-    run = client.post("/api/v1/runs", json={"name": "peak", "client_id": cid, "launch_id": "p"}).json()
+    run = client.post(
+        "/api/v1/runs", json={"name": "peak", "client_id": cid, "launch_id": "p"}
+    ).json()
     points, seq, deadline = 0, 0, time.monotonic() + duration
     t0 = time.monotonic()
     while time.monotonic() < deadline:
         body = b'{"client_id":"%s","seq":%d,"attempt":%d,"series":[%s]}' % (
-            cid.encode(), seq, run["attempt"], series)
-        reply = client.post(f"/api/v1/runs/{run['run_id']}/batches", content=body,
-                            headers={"Content-Type": "application/json"})
+            cid.encode(),
+            seq,
+            run["attempt"],
+            series,
+        )
+        reply = client.post(
+            f"/api/v1/runs/{run['run_id']}/batches",
+            content=body,
+            headers={"Content-Type": "application/json"},
+        )
         if reply.status_code == 200:
             points += reply.json()["points"]
             seq += 1
@@ -204,7 +255,10 @@ def _peak(server: Server, duration: float, workers: int):
     queue: mp.Queue = mp.Queue()
     sampler = Sampler(server)
     sampler.start()
-    procs = [mp.Process(target=_peak_worker, args=(server.url, w, duration, queue)) for w in range(workers)]
+    procs = [
+        mp.Process(target=_peak_worker, args=(server.url, w, duration, queue))
+        for w in range(workers)
+    ]
     for p in procs:
         p.start()
     results = [queue.get() for _ in procs]
@@ -225,16 +279,24 @@ def main() -> None:
     parser.add_argument("--peak-duration", type=float, default=10.0)
     parser.add_argument("--peak-workers", type=int, default=3)
     parser.add_argument("--phases", default="steady,kill,peak")
-    parser.add_argument("--peak-no-detect", action="store_true",
-                        help="peak phase with `serve --no-detect` (store only)")
-    parser.add_argument("--no-detect", action="store_true", help="steady/kill phases without live detection")
+    parser.add_argument(
+        "--peak-no-detect",
+        action="store_true",
+        help="peak phase with `serve --no-detect` (store only)",
+    )
+    parser.add_argument(
+        "--no-detect", action="store_true", help="steady/kill phases without live detection"
+    )
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="runwatch-bench-ingest-"))
     rows: list[tuple[str, str, str]] = []
     phases = args.phases.split(",")
-    print(f"# runwatch ingest bench: {args.ranks} ranks as threads (one Run + writer + "
-          f"connection each) in {args.procs} processes; {len(METRICS)} points/step at 5 steps/s; "
-          f"{os.cpu_count()} cores shared by clients and server", flush=True)
+    print(
+        f"# runwatch ingest bench: {args.ranks} ranks as threads (one Run + writer + "
+        f"connection each) in {args.procs} processes; {len(METRICS)} points/step at 5 steps/s; "
+        f"{os.cpu_count()} cores shared by clients and server",
+        flush=True,
+    )
 
     if "steady" in phases:
         server = Server(root / "steady.db", *(["--no-detect"] if args.no_detect else []))
@@ -245,16 +307,28 @@ def main() -> None:
         logged = sum(r["logged"] for r in results)
         n_series, stored, wrong, ordered = _verify(server.db, "steady", results[0]["steps"])
         rows += [
-            ("steady: duration", f"{args.duration:.0f} s",
-             "live detection " + ("off" if args.no_detect else "on")),
-            ("steady: points logged / stored", f"{logged:,} / {stored:,}",
-             f"lost {logged - stored:,}, dropped {sum(r['dropped'] for r in results)}"),
+            (
+                "steady: duration",
+                f"{args.duration:.0f} s",
+                "live detection " + ("off" if args.no_detect else "on"),
+            ),
+            (
+                "steady: points logged / stored",
+                f"{logged:,} / {stored:,}",
+                f"lost {logged - stored:,}, dropped {sum(r['dropped'] for r in results)}",
+            ),
             ("steady: series with a wrong count", f"{wrong} of {n_series}", f"in order: {ordered}"),
             ("steady: ingest rate", f"{logged / args.duration:,.0f} points/s", ""),
-            ("steady: batch POST latency p50 / p99", f"{np.percentile(lat, 50):.1f} / "
-             f"{np.percentile(lat, 99):.1f} ms", f"{len(lat):,} batches"),
-            ("steady: server CPU mean / max", f"{np.mean(sampler.cpu):.0f}% / "
-             f"{np.max(sampler.cpu):.0f}%", "% of one core"),
+            (
+                "steady: batch POST latency p50 / p99",
+                f"{np.percentile(lat, 50):.1f} / {np.percentile(lat, 99):.1f} ms",
+                f"{len(lat):,} batches",
+            ),
+            (
+                "steady: server CPU mean / max",
+                f"{np.mean(sampler.cpu):.0f}% / {np.max(sampler.cpu):.0f}%",
+                "% of one core",
+            ),
             ("steady: server RSS max", f"{max(sampler.rss) / 2**20:.0f} MiB", ""),
         ]
         _print(rows)
@@ -268,10 +342,16 @@ def main() -> None:
         n_series, stored, wrong, ordered = _verify(server.db, "kill", results[0]["steps"])
         rows += [
             ("kill: SIGKILL at / restart after", f"{args.kill_duration / 3:.0f} s / 10 s", ""),
-            ("kill: points logged / stored", f"{logged:,} / {stored:,}",
-             f"lost or doubled {abs(logged - stored):,}"),
-            ("kill: series with a wrong count", f"{wrong} of {n_series}",
-             f"each series steps 0..N-1 once, in order: {ordered}"),
+            (
+                "kill: points logged / stored",
+                f"{logged:,} / {stored:,}",
+                f"lost or doubled {abs(logged - stored):,}",
+            ),
+            (
+                "kill: series with a wrong count",
+                f"{wrong} of {n_series}",
+                f"each series steps 0..N-1 once, in order: {ordered}",
+            ),
         ]
         _print(rows)
 
@@ -282,8 +362,11 @@ def main() -> None:
         server.stop()
         rows += [
             ("peak: live detection", "off" if args.peak_no_detect else "on", ""),
-            ("peak: points/s stored", f"{rate:,.0f}",
-             f"{args.peak_workers} clients, 128,000 points per {body / 2**20:.1f} MiB JSON body"),
+            (
+                "peak: points/s stored",
+                f"{rate:,.0f}",
+                f"{args.peak_workers} clients, 128,000 points per {body / 2**20:.1f} MiB JSON body",
+            ),
             ("peak: server CPU mean", f"{np.mean(sampler.cpu):.0f}%", "% of one core"),
         ]
     _print(rows, final=True)

@@ -57,6 +57,7 @@ class AlertEngine:
         self.store_path = store_path
         self._clock = clock
         self._grouper = Grouper(rules)
+        self._started: dict[int, float] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -86,6 +87,10 @@ class AlertEngine:
         with self._lock:
             for row_id, anomaly in changes:
                 alert = alert_from_anomaly(row_id, anomaly, run, project, now)
+                # An episode that grows keeps the time it was first seen.
+                alert.starts_at = self._started.setdefault(row_id, now)
+                if not anomaly.is_open:
+                    self._started.pop(row_id, None)
                 self._grouper.add(alert, now)
         self._wake.set()
 

@@ -70,12 +70,17 @@ class Receiver:
             protocol_version = "HTTP/1.1"
 
             def setup(self) -> None:
-                super().setup()
+                super().setup()  # no Nagle delay between the header and body writes
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 with receiver.lock:
                     receiver.connections.add(self.connection)
 
             def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                length = int(self.headers.get("Content-Length", 0))
+                body = self.rfile.read(length)
+                if len(body) < length:  # the sender died mid-request: nothing to answer
+                    self.close_connection = True
+                    return
                 with receiver.lock:
                     receiver.requests += 1
                     mode = receiver.script.pop(0) if receiver.script else receiver.default

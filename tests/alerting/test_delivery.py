@@ -16,11 +16,13 @@ from runwatch.alerting.sender import Sender
 from runwatch.store import open_store
 
 
-def rules_for(url: str, extra: str = "", secret: str = "hunter2-signing-key") -> Any:
+def rules_for(
+    url: str, extra: str = "", secret: str = "hunter2-signing-key", timeout: str = "300ms"
+) -> Any:
     text = f"""version: 1
 defaults: {{group_wait: 0, group_interval: 1s, group_by: ["..."]}}
 channels:
-  hook: {{type: webhook, url: "{url}", secret: {secret}, timeout: 300ms, concurrency: 4{extra}}}
+  hook: {{type: webhook, url: "{url}", secret: {secret}, timeout: {timeout}, concurrency: 4{extra}}}
 routes:
   - channels: [hook]
 delivery: {{initial_backoff: 20ms, max_backoff: 200ms, max_age: 1h}}
@@ -59,9 +61,11 @@ def test_every_alert_arrives_once_by_key_through_500s_timeouts_and_refusals(
     assert len(outbox) == 60 and set(outbox["status"]) == {"sent"}
     keys = receiver.keys()
     assert set(keys) == set(outbox["idempotency_key"])
-    # At-least-once: a key arrives twice only when the receiver answered after the timeout.
+    # At-least-once: a key arrives twice only when the receiver's answer never reached the
+    # sender -- the 3 answered after the timeout, and at most the 4 requests in flight when
+    # the receiver went down.
     twice = [k for k, n in Counter(keys).items() if n > 1]
-    assert len(twice) <= 3
+    assert len(twice) <= 3 + 4
     assert receiver.bad_signatures == 0
     # Every attempt is recorded, with what went wrong.
     assert len(attempts) == int(outbox["attempts"].sum())
@@ -95,7 +99,7 @@ def test_a_refusal_fails_at_once_and_a_too_old_message_gives_up(
 ) -> None:
     receiver.script = ["400"]
     enqueue(store_path, 1, now=clock.now)
-    sender = Sender(store_path, rules_for(receiver.url), clock=clock)
+    sender = Sender(store_path, rules_for(receiver.url, timeout="10s"), clock=clock)
     assert sender.run_once() == 1
     with open_store(store_path) as store:
         row = store.outbox().iloc[0]
@@ -120,7 +124,7 @@ def test_rate_limit_holds_messages_back_and_drops_none(
     receiver: Any, store_path: str, clock: Any
 ) -> None:
     enqueue(store_path, 5, now=clock.now)
-    rules = rules_for(receiver.url, extra=", rate_limit: {count: 2, per: 1m}")
+    rules = rules_for(receiver.url, extra=", rate_limit: {count: 2, per: 1m}", timeout="10s")
     sender = Sender(store_path, rules, clock=clock)
     try:
         assert sender.run_once() == 2

@@ -128,6 +128,7 @@ def test_episode_that_closes_is_told_resolved_once(
     first, second = messages(store_path)
     assert (first["status"], second["status"]) == ("firing", "resolved")
     assert second["alerts"][0]["ends_at"] is not None
+    assert second["alerts"][0]["starts_at"] == first["alerts"][0]["starts_at"]
 
 
 def test_nan_that_comes_and_goes_inside_group_wait_is_still_told(
