@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from runwatch.dashboard import shaping
 from runwatch.dashboard.server import free_port, url_of, wait_ready
 from runwatch.store import open_store
 
@@ -85,10 +86,15 @@ def test_pages_in_a_real_browser_and_a_benign_verdict_is_stored(server) -> None:
             page.locator(".js-plotly-plot").first.wait_for(state="visible")
             page.wait_for_timeout(1000)
             page.screenshot(path=str(ARTIFACTS / "anomalies.png"), full_page=True)
+            with open_store(db, readonly=True) as store:
+                unjudged = int(shaping.pick_source(store.anomalies())["verdict"].isna().sum())
+            expect(page.get_by_text(f"Inbox · {unjudged} to judge")).to_be_visible()
             page.get_by_placeholder("why: e.g. bad batch").fill("known bad shard")
             page.get_by_placeholder("why: e.g. bad batch").press("Enter")
             page.get_by_role("button", name="Benign").click()
-            expect(page.get_by_text("Inbox · 7 to judge")).to_be_visible(timeout=20_000)
+            expect(page.get_by_text(f"Inbox · {unjudged - 1} to judge")).to_be_visible(
+                timeout=20_000
+            )
             with open_store(db, readonly=True) as store:
                 verdicts = store.verdicts()
             assert verdicts[["verdict", "note"]].values.tolist() == [["benign", "known bad shard"]]
