@@ -89,11 +89,8 @@ class Run:
         self.run_id: int | None = None
         self._finished = False
         self._pid = os.getpid()
-        # Alerting and /metrics are decided here, once; a bad rules file fails init.
         self._alert_timeout = alert_timeout
-        self._alerting = configure_alerting(
-            self, webhook=webhook, alerts=alerts, prometheus_port=prometheus_port
-        )
+        self._alerting = None
         try:
             self._backend = backend if backend is not None else StoreBackend(self.store_path)
             self.run_id, attempt = self._backend.start_run(name, project, self.config, resume)
@@ -109,6 +106,11 @@ class Run:
                 exc,
             )
             return
+        # Alerting and /metrics are decided here, once, after the store exists (its sender
+        # threads open it too); a bad rules file fails init.
+        self._alerting = configure_alerting(
+            self, webhook=webhook, alerts=alerts, prometheus_port=prometheus_port
+        )
         # Decided once here, so the writer's loop never asks: live detection on by default
         # for the embedded store (a server runs its own), a mapping gives metric roles.
         if monitor and isinstance(self._backend, StoreBackend):

@@ -45,6 +45,7 @@ from runwatch.store.schema import migrate
 log = logging.getLogger("runwatch.store")
 
 DEFAULT_STORE = "runwatch.db"
+MIGRATION_WAIT_S = 30.0
 
 
 def labels_key(labels: Mapping[str, Any] | None) -> str:
@@ -91,7 +92,12 @@ class Store(JudgementTables, OutboxTables, IngestTables):
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.execute("PRAGMA foreign_keys=ON")
             if not readonly:
+                # Several threads or processes may open a new store at once; whoever
+                # migrates holds the write lock briefly, so the others wait for it longer
+                # than the connection's own busy timeout.
+                self._conn.execute(f"PRAGMA busy_timeout = {int(MIGRATION_WAIT_S * 1000)}")
                 migrate(self._conn, self.path)
+                self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
             else:
                 self._check_readable()
         except sqlite3.DatabaseError as exc:
