@@ -23,6 +23,10 @@ DROP_REASONS: dict[str, str] = {
     "bad_value": "the value was not a number",
     "store_error": "the store refused the write after retries (locked, read-only, full?)",
     "store_gone": "the store file was deleted while the run was writing",
+    "spill_full": "the server was unreachable longer than the spill file could hold",
+    "rejected": "the server refused a batch as malformed (the log names the field)",
+    "server_down": "the server could not be reached to start the run",
+    "replay_rejected": "a spilled batch was refused by the server on replay",
 }
 
 

@@ -19,13 +19,16 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from runwatch.alerting.setup import configure as configure_alerting
 from runwatch.detect.live import LiveDetection
 from runwatch.hook.backend import Backend, StoreBackend
 from runwatch.hook.drops import DROP_REASONS, DropCounter
+from runwatch.hook.ranks import keeps_metric, rank_info, rank_labels
+from runwatch.hook.transport import HttpBackend, make_backend_from_env
 from runwatch.hook.writer import STOP, Flow, Writer
 from runwatch.model import EVENT_KINDS, Event
 from runwatch.store import DEFAULT_STORE, RunExistsError
@@ -66,6 +69,7 @@ class Run:
         prometheus_port: int | None = None,
         system_metrics: bool = False,
         system_metrics_interval: float = 10.0,
+        keep_metric: Callable[[str], bool] | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"run name must be a non-empty str, got {name!r}")
@@ -125,6 +129,7 @@ class Run:
             backend=self._backend,
             attempt=attempt,
             labels=dict(labels or {}),
+            keep_metric=keep_metric,
             flow=self._flow,
             drops=self._drops,
             flush_interval=flush_interval,
@@ -325,12 +330,21 @@ def init(
     config: Mapping[str, Any] | None = None,
     store: str | os.PathLike[str] | None = None,
     resume: bool | None = None,
+    url: str | None = None,
+    token: str | None = None,
     **options: Any,
 ) -> Run:
     """Start (or resume, as a new attempt) a monitored run and return it.
 
     ``store`` defaults to ``$RUNWATCH_STORE`` or ``runwatch.db`` in the working directory.
     A run of the same name resumes as a new attempt unless ``resume=False``.
+
+    Multi-process and multi-node runs push to ``runwatch serve`` instead: ``url=`` (or
+    ``$RUNWATCH_URL``) and ``token=`` (or ``$RUNWATCH_TOKEN`` / ``$RUNWATCH_TOKEN_FILE``).
+    The rank, world size and host are read from the launcher (torchrun, SLURM, MPI) and
+    label every series; every rank joins one run and one attempt. By default rank 0 logs
+    the run-level metrics and every rank its own step time and telemetry
+    (``all_ranks=True`` keeps every metric of every rank).
 
     Alerting options: ``webhook=URL`` (or ``$RUNWATCH_WEBHOOK_URL``) sends warnings and worse
     to a JSON webhook with the packaged default rules; ``alerts=PATH`` (or
@@ -342,6 +356,19 @@ def init(
     if name is None:
         name = os.environ.get("RUNWATCH_RUN") or f"run-{time.strftime('%Y%m%d-%H%M%S')}"
     path = store if store is not None else os.environ.get("RUNWATCH_STORE", DEFAULT_STORE)
+    if "backend" not in options and store is None:
+        backend = make_backend_from_env(url, token)
+        if backend is not None:
+            options["backend"] = backend
+    info = rank_info()
+    if "labels" not in options and (
+        isinstance(options.get("backend"), HttpBackend) or info.rank is not None
+    ):
+        # a plain single process keeps unlabelled series, as before
+        options["labels"] = rank_labels()
+    all_ranks = options.pop("all_ranks", False)
+    if not all_ranks and info.rank not in (None, 0):
+        options["keep_metric"] = partial(keeps_metric, rank=info.rank)
     run = Run(name, project=project, config=config, store=path, resume=resume, **options)
     _current = run
     return run

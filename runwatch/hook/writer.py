@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import operator
 import queue
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +37,7 @@ STOP = object()
 """Sentinel that ends the writer after a final flush."""
 
 _REFUSED_NAME = object()
+_OTHER_RANKS_METRIC = object()
 
 
 class BatchSink(Protocol):
@@ -84,6 +86,7 @@ class Writer(threading.Thread):
         retries: int = 3,
         retry_backoff: float = 0.1,
         sink: BatchSink | None = None,
+        keep_metric: Callable[[str], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(name="runwatch-writer", daemon=True)
@@ -98,6 +101,7 @@ class Writer(threading.Thread):
         self._retries = retries
         self._backoff = retry_backoff
         self._sink = sink
+        self._keep_metric = keep_metric
         self._clock = clock
         self._buffers: dict[str, Any] = {}
         self._events: list[Event] = []
@@ -108,7 +112,9 @@ class Writer(threading.Thread):
     def run(self) -> None:
         get = self._queue.get
         get_nowait = self._queue.get_nowait
-        next_flush = self._clock() + self._flush_interval
+        # A random phase, so that hundreds of ranks started together do not all flush (and
+        # post to the server) at the same instant.
+        next_flush = self._clock() + self._flush_interval * (0.5 + random.random())
         while True:
             try:
                 item = get(timeout=max(0.0, next_flush - self._clock()))
@@ -189,6 +195,8 @@ class Writer(threading.Thread):
         if buf is _REFUSED_NAME:
             self._drops.add("bad_name")
             return
+        if buf is _OTHER_RANKS_METRIC:  # by policy, not an error: not counted as dropped
+            return
         if type(value) is not float:
             try:
                 value = to_float(value)
@@ -227,6 +235,10 @@ class Writer(threading.Thread):
                 problem,
             )
             return _REFUSED_NAME
+        if self._keep_metric is not None and not self._keep_metric(name):
+            # a run-level metric on a rank other than 0: rank 0 logs it (runwatch.hook.ranks)
+            self._buffers[key] = _OTHER_RANKS_METRIC
+            return _OTHER_RANKS_METRIC
         buf = _SeriesBuffer(name, labels)  # its series row is made at flush time
         self._buffers[key] = buf
         return buf
@@ -248,7 +260,7 @@ class Writer(threading.Thread):
     def _flush(self) -> None:
         batch: list[SeriesPoints] = []
         for buf in self._buffers.values():
-            if buf is _REFUSED_NAME or not buf.steps:
+            if buf is _REFUSED_NAME or buf is _OTHER_RANKS_METRIC or not buf.steps:
                 continue
             n = len(buf.steps)
             batch.append(

@@ -203,7 +203,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
         """A rank's step went back within a launch: the first rank to ask makes the next
         attempt (and the restart event); the others get the same one."""
         body = await read_model(request, S.AttemptIn, *limits)
-        await run_in_threadpool(_run_row, svc, run_id)
+        if await run_in_threadpool(svc.reader.run_status, run_id) is None:
+            raise ApiError(404, "no such run", "run_id", f"run {run_id} does not exist")
         attempt, created = await run_in_threadpool(
             svc.store.advance_attempt, run_id, body.from_attempt, body.step, body.message
         )
@@ -211,7 +212,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     @app.post(
         "/api/v1/runs/{run_id}/finish",
-        response_model=S.RunOut,
+        response_model=S.FinishOut,
         dependencies=auth,
         tags=["runs"],
         openapi_extra=_body_doc(S.FinishIn),
@@ -221,11 +222,10 @@ def create_app(settings: ServerSettings) -> FastAPI:
         """A rank finished: record its finish event and drop counts; the run's status becomes
         ``status`` (a crash reported by any rank is kept over a later ``finished``)."""
         body = await read_model(request, S.FinishIn, *limits)
-        row = await run_in_threadpool(_run_row, svc, run_id)
-        await run_in_threadpool(_finish, svc, run_id, row["status"], body)
+        status = await run_in_threadpool(_finish, svc, run_id, body)
         if body.rank in (None, 0):
             await run_in_threadpool(svc.ingest.close_detection, run_id)
-        return await run_in_threadpool(_run_row, svc, run_id)
+        return {"run_id": run_id, "status": status}
 
     @app.get(
         "/api/v1/runs",
@@ -325,18 +325,22 @@ def create_app(settings: ServerSettings) -> FastAPI:
     return app
 
 
-def _finish(svc: _Service, run_id: int, current: str, body: S.FinishIn) -> None:
+def _finish(svc: _Service, run_id: int, body: S.FinishIn) -> str:
+    """One transaction, cheap even for a run of millions of points (256 ranks finish at once)."""
     from runwatch.model import Event
 
     store = svc.store
-    store.add_events(
-        run_id,
-        body.attempt,
-        [Event("finish", body.last_step, time.time(), body.status, body.rank, body.host)],
-    )
-    store.record_drops(run_id, body.drops)
-    if not (current == "crashed" and body.status == "finished"):
+    with store.transaction():
+        current = store.run_status(run_id)
+        if current is None:
+            raise ApiError(404, "no such run", "run_id", f"run {run_id} does not exist")
+        event = Event("finish", body.last_step, time.time(), body.status, body.rank, body.host)
+        store.add_events(run_id, body.attempt, [event])
+        store.record_drops(run_id, body.drops)
+        if current == "crashed" and body.status == "finished":
+            return current
         store.set_run_status(run_id, body.status)
+        return body.status
 
 
 def _run_row(svc: _Service, run_id: int) -> dict[str, Any]:

@@ -178,6 +178,11 @@ class FinishIn(_Model):
     host: Host = None
 
 
+class FinishOut(BaseModel):
+    run_id: int
+    status: str
+
+
 class BatchReply(BaseModel):
     batches: int
     stored: int = Field(description="batches stored now")
