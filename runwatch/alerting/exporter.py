@@ -283,3 +283,12 @@ def start_exporter(
     registry.register(StoreCollector(store_path, live_drops=live_drops, min_interval=min_interval))
     server, thread = start_http_server(port, addr=addr, registry=registry)
     return Exporter(server.server_port, registry, server, thread)
+
+
+def metrics_asgi_app(store_path: str, *, min_interval: float = 1.0) -> Any:
+    """The same ``/metrics`` as an ASGI app, for ``runwatch serve`` to mount on its port."""
+    from prometheus_client import make_asgi_app
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector(store_path, min_interval=min_interval))
+    return make_asgi_app(registry=registry)

@@ -5,10 +5,10 @@ Writes go through one :class:`IngestWriter` (one SQLite connection, grouped tran
 reads use a second, read-only connection, so a dashboard polling the API never waits behind a
 large write (WAL). Handlers only validate and enqueue; a batch is acknowledged once durable.
 
-Hooks left for alerting (another package): ``ServerSettings.on_change`` gets every anomaly
-episode change from live detection, and ``ServerSettings.metrics_app`` (any ASGI app, e.g.
-``prometheus_client.make_asgi_app()``) is mounted at ``/metrics`` without auth, as
-Prometheus scrapes expect.
+Alerting: ``ServerSettings.on_change(run_id)`` returns the callback that gets every anomaly
+episode change of that run from live detection, and ``ServerSettings.metrics_app`` (an ASGI
+app: ``runwatch serve`` mounts the store's exporter) is served at ``/metrics`` without auth,
+as Prometheus scrapes expect.
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.openapi.utils import get_openapi
 from fastapi.security import HTTPBearer
 from pydantic import TypeAdapter
+from starlette.routing import Route
 
 from runwatch.server import schemas as S
 from runwatch.server.auth import RateLimit, TokenCheck
 from runwatch.server.body import parse_many, read_body, read_model
 from runwatch.server.errors import ApiError, install_handlers, responses
-from runwatch.server.ingest import IngestWriter, OnChange
+from runwatch.server.ingest import IngestWriter, OnChangeFactory
 from runwatch.store import RunExistsError, Store
 
 # Module level: FastAPI resolves the (string) annotations of dependencies in module globals.
@@ -52,7 +53,7 @@ class ServerSettings:
     rate_burst: float = 10000.0
     detect: bool = True
     detect_config: Mapping[str, str] | None = None
-    on_change: OnChange | None = None
+    on_change: OnChangeFactory | None = None
     metrics_app: Any = None
     join_window_s: float = 120.0
 
@@ -306,7 +307,10 @@ def create_app(settings: ServerSettings) -> FastAPI:
         }
 
     if settings.metrics_app is not None:
-        app.mount("/metrics", settings.metrics_app)
+        # A route, not a mount: a mount would answer /metrics with a redirect to /metrics/.
+        app.router.routes.append(
+            Route("/metrics", endpoint=_AsgiEndpoint(settings.metrics_app), include_in_schema=False)
+        )
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -386,3 +390,13 @@ def _json_float(value: float) -> float | str:
     if math.isfinite(value):
         return value
     return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+class _AsgiEndpoint:
+    """Wraps a plain ASGI callable so Starlette's Route calls it as an app, not a handler."""
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self._app(scope, receive, send)

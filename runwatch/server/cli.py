@@ -38,6 +38,12 @@ def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     )
     serve.add_argument("--no-detect", action="store_true", help="store only; no live detection")
     serve.add_argument(
+        "--alerts",
+        metavar="RULES",
+        help="alert rules file (default: $RUNWATCH_ALERTS, or $RUNWATCH_WEBHOOK_URL with the "
+        "packaged rules; neither: no alerts)",
+    )
+    serve.add_argument(
         "--max-body-mb",
         type=float,
         default=32.0,
@@ -82,6 +88,7 @@ def read_token(path: str | None, env: dict[str, str] | os._Environ[str] = os.env
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from runwatch.alerting.exporter import metrics_asgi_app
     from runwatch.server.app import ServerSettings, create_app
 
     if not 0 < args.port < 65536:
@@ -98,6 +105,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 "or --insecure on a loopback address"
             )
     max_body = int(args.max_body_mb * 2**20)
+    engine, on_change = _alerting(args)
     settings = ServerSettings(
         db=args.db,
         token=token,
@@ -106,6 +114,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_inflated_bytes=8 * max_body,
         rate_per_s=args.rate_limit,
         rate_burst=2 * args.rate_limit,
+        on_change=on_change,
+        metrics_app=metrics_asgi_app(args.db),
     )
     app = create_app(settings)
     config = uvicorn.Config(
@@ -122,5 +132,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"API document at /openapi.json)",
         flush=True,
     )
-    uvicorn.Server(config).run()
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        if engine is not None:
+            engine.close(timeout=10.0)
     return 0
+
+
+def _alerting(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The alert engine for ``--alerts`` and, per run, the callback its detection calls."""
+    from runwatch.alerting.setup import resolve_rules, start_engine
+
+    rules = resolve_rules(args.alerts, None)
+    if rules is None:
+        return None, None
+    engine = start_engine(rules, args.db)
+
+    def for_run(run_id: int) -> Callable[[list[Any]], None]:
+        from runwatch.store import open_store
+
+        with open_store(args.db, readonly=True) as store:
+            row = store.runs().set_index("run_id").loc[run_id]
+        project = None if row["project"] is None else str(row["project"])
+        return engine.bind(str(row["name"]), project)
+
+    return engine, for_run

@@ -37,6 +37,8 @@ log = logging.getLogger("runwatch.server")
 
 _STOP = object()
 OnChange = Callable[[list[tuple[int, Anomaly]]], None]
+OnChangeFactory = Callable[[int], OnChange]
+"""Given a run id, the callback its live detection calls with changed episodes (alerting)."""
 
 
 class _Job:
@@ -58,7 +60,7 @@ class IngestWriter:
         *,
         detect: bool = True,
         detect_config: Mapping[str, str] | None = None,
-        on_change: OnChange | None = None,
+        on_change: OnChangeFactory | None = None,
         max_group_points: int = 1_000_000,
         max_queued_points: int = 8_000_000,
     ) -> None:
@@ -272,7 +274,10 @@ class IngestWriter:
         detection = self._detections.get(run_id)
         if detection is None:
             detection = LiveDetection(
-                self.store.path, run_id, self._detect_config, on_change=self._on_change
+                self.store.path,
+                run_id,
+                self._detect_config,
+                on_change=self._on_change(run_id) if self._on_change else None,
             )
             with self._lock:
                 self._detections[run_id] = detection
