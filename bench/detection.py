@@ -296,9 +296,9 @@ GRACE = 100
 RELEVANT = {
     "nan_inf": {"nonfinite"},
     "spike": {"spike"},
-    "divergence": {"divergence", "curve_deviation", "spike"},
-    "plateau": {"curve_deviation", "divergence"},
-    "level_shift": {"curve_deviation", "divergence", "spike"},
+    "divergence": {"divergence", "curve_deviation", "spike", "stall"},
+    "plateau": {"curve_deviation", "divergence", "stall"},
+    "level_shift": {"curve_deviation", "divergence", "spike", "stall"},
     "throughput": {"regression"},
     "lr_jump": {"lr_sanity"},
     "lr_zero": {"lr_sanity"},

@@ -11,6 +11,7 @@ from runwatch.detect.replay import analyze_frame
 from runwatch.detect.roles import DEFAULT_DETECTORS, ROLES, role_of
 from runwatch.detect.spike import Spike
 from runwatch.detect.spikescore import SpikeScore
+from runwatch.detect.stall import Stall
 
 DETECTORS: tuple[type[Detector], ...] = (
     NonFinite,
@@ -19,6 +20,7 @@ DETECTORS: tuple[type[Detector], ...] = (
     CurveDeviation,
     Regression,
     LRSanity,
+    Stall,
 )
 """Every detector class (the contract tests run over these)."""
 
@@ -36,6 +38,7 @@ __all__ = [
     "Signal",
     "Spike",
     "SpikeScore",
+    "Stall",
     "analyze_frame",
     "role_of",
 ]

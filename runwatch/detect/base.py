@@ -14,6 +14,7 @@ import inspect
 import logging
 import math
 from dataclasses import dataclass, field
+from operator import sub as _sub
 from typing import Any, ClassVar
 
 from runwatch.model import SEVERITIES
@@ -137,7 +138,7 @@ def robust_scale(values: list[float]) -> float:
     n = len(values)
     if n < 3:
         return 0.0
-    diffs = sorted(abs(values[i] - values[i - 1]) for i in range(1, n))
+    diffs = sorted(map(abs, map(_sub, values[1:], values[:-1])))
     scale = 1.0484 * diffs[(n - 1) // 2]
     if scale == 0.0:
         # A quantised series (values printed to 2 decimals) has mostly zero differences:

@@ -74,11 +74,22 @@ def _run_series(mon: Monitor, series, rows: np.ndarray, st: np.ndarray, v: np.nd
     values_l = v.tolist()
     out: list[Anomaly] = []
     _nonfinite(mon, series, rows_l, steps_l, values_l, np.flatnonzero(~np.isfinite(v)))
-    feed = mon._feed
+    handle = mon._handle
+    opened = series.open
     for i in range(1, len(series.detectors)):
+        det = series.detectors[i]
+        upd = det.update
+        # The quiet path (no signal, no open episode) costs one call: the Monitor's
+        # episode code (shared with streaming) runs only where there is something to do.
         for row, step, value in zip(rows_l, steps_l, values_l, strict=True):
-            mon._row = row
-            feed(series, i, step, value, out)
+            try:
+                sig = upd(step, value)
+            except Exception:
+                mon._failed(series, det, step)
+                sig = None
+            if sig is not None or opened[i] is not None:
+                mon._row = row
+                handle(series, i, det, step, sig, out)
         out.clear()
 
 

@@ -187,8 +187,15 @@ class Monitor:
             self._n_out_of_order += 1
             dets = dets[:1]
         out: list[Anomaly] = []
-        for i in range(len(dets)):
-            self._feed(series, i, step, value, out)
+        opened = series.open
+        for i, det in enumerate(dets):
+            try:
+                sig = det.update(step, value)
+            except Exception:
+                self._failed(series, det, step)
+                sig = None
+            if sig is not None or opened[i] is not None:
+                self._handle(series, i, det, step, sig, out)
         return out
 
     def _feed(self, series: _Series, i: int, step: int, value: float, out: list[Anomaly]):
@@ -197,11 +204,20 @@ class Monitor:
         try:
             sig = det.update(step, value)
         except Exception:
-            # A runwatch bug must never kill a training run: log it, count it, go on.
-            self._n_errors += 1
-            if self._n_errors <= 10:
-                log.exception("detector %s failed on %s step %s", det.name, series.key, step)
+            self._failed(series, det, step)
             sig = None
+        self._handle(series, i, det, step, sig, out)
+
+    def _failed(self, series: _Series, det: Detector, step: int) -> None:
+        # A runwatch bug must never kill a training run: log it, count it, go on.
+        self._n_errors += 1
+        if self._n_errors <= 10:
+            log.exception("detector %s failed on %s step %s", det.name, series.key, step)
+
+    def _handle(
+        self, series: _Series, i: int, det: Detector, step: int, sig: Signal | None, out: list
+    ) -> None:
+        """Open, grow or close detector ``i``'s episode after its verdict ``sig``."""
         ep = series.open[i]
         if sig is not None:
             series.quiet[i] = 0

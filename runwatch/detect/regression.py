@@ -118,7 +118,7 @@ class Regression(Detector):
         srt = sorted(self._buf)
         n = len(srt)
         med = srt[n // 2] if n % 2 else 0.5 * (srt[n // 2 - 1] + srt[n // 2])
-        dev = sorted(abs(v - med) for v in srt)
+        dev = sorted([abs(v - med) for v in srt])
         mad = dev[n // 2] if n % 2 else 0.5 * (dev[n // 2 - 1] + dev[n // 2])
         self._center = med
         self._scale = max(1.4826 * mad, self.min_scale)

@@ -57,8 +57,9 @@ def role_of(metric: str, overrides: Mapping[str, str] | None = None) -> str:
 def _loss() -> list[Detector]:
     from runwatch.detect.deviation import CurveDeviation
     from runwatch.detect.divergence import Divergence
+    from runwatch.detect.stall import Stall
 
-    return [NonFinite(), Spike(), Divergence(), CurveDeviation()]
+    return [NonFinite(), Spike(), Divergence(), CurveDeviation(), Stall()]
 
 
 def _grad_norm() -> list[Detector]:

@@ -97,12 +97,13 @@ def fit_power_law(
         )
 
     best = None
-    starts = [_grid_start(xs, y, w, lo, hi)]
     if start is not None and start.A > 0:
         s0s = float(np.clip(start.s0 / xmax, lo[3], hi[3]))
         a_s = start.A * xmax ** (-start.alpha)
         p = np.array([min(start.E, ymin), a_s, start.alpha, s0s])
         starts = [np.clip(p, lo, np.where(np.isinf(hi), p, hi))]
+    else:
+        starts = [_grid_start(xs, y, w, lo, hi)]  # only needed without an earlier fit
     for p0 in starts:
         try:
             r = least_squares(

@@ -52,6 +52,7 @@ GOLDEN = [
     ("grad_norm_precursor", "loss", 1497, 1500, "info"),
     ("divergence", "loss", 1507, 1552, "critical"),
     ("curve_deviation", "loss", 1521, 1632, "warning"),
+    ("stall", "loss", 1522, 1629, "warning"),  # the 30-step spike: no progress meanwhile
     ("regression", "step_time", 1804, 2303, "warning"),
     ("nonfinite", "loss", 2000, 2000, "critical"),
     ("lr_sanity", "lr", 2200, 2229, "warning"),
@@ -212,7 +213,7 @@ def test_health_reports_spike_scores_and_counts():
     h = m.health
     assert h["points"] == 12_000 and h["series"] == 4
     assert h["spike_score"]["loss"] == pytest.approx(40 / 3000, abs=0.005)
-    assert h["anomalies_by_severity"] == {"info": 2, "warning": 8, "critical": 3}
+    assert h["anomalies_by_severity"] == {"info": 2, "warning": 9, "critical": 3}
     assert h["detector_errors"] == 0
 
 

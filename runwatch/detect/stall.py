@@ -1,0 +1,278 @@
+"""Stall: the loss stops improving at the pace its own earlier progress predicts."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from runwatch.detect.base import Detector, Signal, check_number, robust_scale
+
+_LN2 = math.log(2.0)
+
+
+class Stall(Detector):
+    """The (log) loss stops falling where its own earlier progress says it should fall.
+
+    In log-step space a power law is close to a straight line over an octave or two, and
+    a loss curve bends slowly, so the run's own recent past predicts its near future. The
+    detector keeps bin means of the (log) loss on log-spaced steps (``per_octave`` bins per
+    doubling, bounded memory) and two adjacent windows of the last ``2 W`` points, ``W`` =
+    ``window_frac`` of the points seen (between ``min_window`` and ``max_window``). The
+    reference slope is a least-squares line of the bin means against ln(step) over the
+    ``ref_octaves`` octaves before the older window; the expected fall from the older to the
+    newer window is that slope times the distance between their mean ln(step). The observed
+    fall is the difference of the two window means (each point first clipped to the running
+    median of 5 ± 3 noise sigmas, so a spike barely moves a mean). It flags (warning) when,
+    for ``patience`` points in a row, the expected fall is clear of the noise - ``z``
+    standard errors of the window-mean difference (noise: the robust scale of first
+    differences), ``z_resid`` robust sigmas of the statistic's own past scatter on unflagged
+    stretches (autocorrelated noise, curvature), and ``min_fall`` - and the observed fall
+    is below ``stall_frac`` of it. A loss that rises is flagged too (it is not improving).
+
+    Catches: silent plateaus (LR stuck at 0, a frozen layer, data stuck on a few shards),
+    from a few hundred points after they start, whatever the level of a fitted curve.
+    Misses: a plateau while the loss was already nearly flat (the expected fall is then
+    within the noise); a slowdown to more than ``stall_frac`` of the expected pace; the
+    first ``min_points`` points; an LR schedule that flattens the loss on purpose (LR
+    annealed to zero at the very end of a run looks like a stall of the last points).
+
+    Baseline protection: while a stall is flagged, its points are not binned, so the
+    reference slope stays the one from before the stall. The cost: after ``adapt_after``
+    flagged points the detector forgets its reference and learns the curve afresh.
+
+    >>> import random
+    >>> rng = random.Random(4)
+    >>> d = Stall()
+    >>> s = range(1, 4001)
+    >>> curve = [2.0 + 9.0 * i ** -0.4 * (1 + 0.005 * rng.gauss(0, 1)) for i in s]
+    >>> curve[2000:] = [curve[1999] * (1 + 0.005 * rng.gauss(0, 1)) for _ in range(2000)]
+    >>> hits = [(i, sig.severity) for i, v in zip(s, curve) if (sig := d.update(i, v))]
+    >>> hits[0][0] > 2000, hits[0][1]
+    (True, 'warning')
+    """
+
+    name = "stall"
+    quiet = 50
+
+    def __init__(
+        self,
+        window_frac: float = 0.07,
+        min_window: int = 30,
+        max_window: int = 1000,
+        ref_octaves: float = 1.5,
+        stall_frac: float = 0.25,
+        z: float = 4.0,
+        z_resid: float = 3.0,
+        min_fall: float = 0.002,
+        patience: int = 20,
+        min_points: int = 1000,
+        per_octave: int = 8,
+        adapt_after: int = 5000,
+    ) -> None:
+        check_number("window_frac", window_frac, low=0.001, high=0.5)
+        check_number("min_window", min_window, low=4, integer=True)
+        check_number("max_window", max_window, low=min_window, integer=True)
+        check_number("ref_octaves", ref_octaves, low=0.25, high=10.0)
+        check_number("stall_frac", stall_frac, low=0.0, high=1.0)
+        check_number("z", z, low=0.0)
+        check_number("z_resid", z_resid, low=0.0)
+        check_number("min_fall", min_fall, low=0.0)
+        check_number("patience", patience, low=1, integer=True)
+        check_number("min_points", min_points, low=2 * min_window, integer=True)
+        check_number("per_octave", per_octave, low=1, high=64, integer=True)
+        check_number("adapt_after", adapt_after, low=1, integer=True)
+        self.window_frac = window_frac
+        self.min_window = min_window
+        self.max_window = max_window
+        self.ref_octaves = ref_octaves
+        self.stall_frac = stall_frac
+        self.z = z
+        self.z_resid = z_resid
+        self.min_fall = min_fall
+        self.patience = patience
+        self.min_points = min_points
+        self.per_octave = per_octave
+        self.adapt_after = adapt_after
+        super().__init__()
+
+    def _reset(self) -> None:
+        self._log = True
+        self._n = 0
+        self._x0 = math.nan  # offset: keeps the running sums small
+        self._cx = 0.0  # running sum of clipped x - x0
+        self._cl = 0.0  # running sum of ln(step)
+        self._cum: deque[tuple[float, float]] = deque(maxlen=2 * self.max_window + 1)
+        self._last5: deque[float] = deque(maxlen=5)
+        self._noise_buf: deque[float] = deque(maxlen=128)
+        self._sigma = 0.0
+        self._since_noise = 0
+        self._bins: dict[int, list[float]] = {}
+        self._resid: deque[float] = deque(maxlen=64)
+        self._resid_scale = 0.0
+        self._resid_age = 0
+        self._slope_cache: float | None = None
+        self._slope_age = 0
+        self._over = 0
+        self._flagged = 0
+        self._stalls = 0
+
+    @property
+    def stalls(self) -> int:
+        """How many stalls were declared."""
+        return self._stalls
+
+    def update(self, step: int, value: float) -> Signal | None:
+        if not math.isfinite(value):
+            return None
+        if self._log and value <= 0:
+            # A loss that can be <= 0 (an RL loss) is judged in linear space from now on.
+            self._reset()
+            self._log = False
+        x = math.log(value) if self._log else value
+        if self._n == 0:
+            self._x0 = x
+            self._cum.append((0.0, 0.0))
+        self._n += 1
+        # Clip to the running median of 5 +- 3 sigma: a spike barely moves a window mean.
+        l5 = self._last5
+        l5.append(x)
+        med = sorted(l5)[len(l5) // 2]
+        lim = 3.0 * self._sigma
+        xc = min(max(x, med - lim), med + lim)
+        self._cx += xc - self._x0
+        ls = math.log(step) if step > 1 else 0.0
+        self._cl += ls
+        self._cum.append((self._cx, self._cl))
+        nb = self._noise_buf
+        nb.append(x)
+        self._since_noise += 1
+        if self._since_noise >= 32 or self._n <= 128:
+            self._since_noise = 0
+            self._sigma = robust_scale(list(nb))
+        sig = None
+        if self._n >= self.min_points:
+            sig = self._check(step, value)
+        if sig is None:
+            self._learn(ls, x)
+        return sig
+
+    def _learn(self, ls: float, x: float) -> None:
+        k = int(self.per_octave * ls / _LN2)
+        b = self._bins.get(k)
+        if b is None:
+            self._bins[k] = [ls, x, 1.0]
+        else:
+            b[0] += ls
+            b[1] += x
+            b[2] += 1.0
+
+    def _slope(self, ls_end: float) -> float | None:
+        """Slope of x against ln(step) over the ``ref_octaves`` octaves before ``ls_end``."""
+        lo = ls_end - self.ref_octaves * _LN2
+        sx = sy = sxx = sxy = 0.0
+        m = 0
+        first = last = 0.0
+        for b in self._bins.values():
+            c = b[0] / b[2]
+            if lo <= c < ls_end:
+                y = b[1] / b[2]
+                sx += c
+                sy += y
+                sxx += c * c
+                sxy += c * y
+                m += 1
+                if m == 1 or c < first:
+                    first = c
+                if m == 1 or c > last:
+                    last = c
+        if m < 4 or last - first < 0.4 * self.ref_octaves * _LN2:
+            return None
+        den = m * sxx - sx * sx
+        if den <= 0:
+            return None
+        return (m * sxy - sx * sy) / den
+
+    def _check(self, step: int, value: float) -> Signal | None:
+        w = min(max(int(self.window_frac * self._n), self.min_window), self.max_window)
+        cum = self._cum
+        if len(cum) < 2 * w + 1:
+            self._over = 0
+            return None
+        c2x, c2l = cum[-1]
+        c1x, c1l = cum[-1 - w]
+        c0x, c0l = cum[-1 - 2 * w]
+        mean_a = (c1x - c0x) / w
+        mean_b = (c2x - c1x) / w
+        ls_a = (c1l - c0l) / w
+        ls_b = (c2l - c1l) / w
+        # The older window starts about here (ln step of its first point, roughly).
+        ls_start = ls_a - (ls_b - ls_a) / 2.0
+        # The reference slope moves slowly: refreshed every 32 points (bounded cost).
+        self._slope_age -= 1
+        if self._slope_age <= 0:
+            self._slope_cache = self._slope(ls_start)
+            self._slope_age = 32
+        slope = self._slope_cache
+        if slope is None or slope >= 0:
+            self._over = 0
+            return None
+        d_exp = -slope * (ls_b - ls_a)
+        d_obs = mean_a - mean_b
+        if ls_b - ls_a > 0.5 * _LN2:
+            # The windows straddle a huge step gap: no local extrapolation is possible.
+            self._over = 0
+            return None
+        se = self._sigma * math.sqrt(2.0 / w)
+        need = max(self.z * se, self.z_resid * self._resid_scale, self.min_fall)
+        if not (d_exp > need and d_obs < self.stall_frac * d_exp):
+            self._over = 0
+            self._flagged = 0
+            # How far the observed fall strays from the expected one on an unflagged
+            # stretch: the statistic's own noise (autocorrelated noise, curvature).
+            self._resid_age -= 1
+            if self._resid_age <= 0:
+                self._resid_age = max(w // 4, 1)
+                r = self._resid
+                r.append(d_obs - d_exp)
+                if len(r) >= 8:
+                    srt = sorted(r)
+                    med = srt[len(srt) // 2]
+                    dev = sorted([abs(v - med) for v in srt])
+                    self._resid_scale = 1.4826 * dev[len(dev) // 2]
+            return None
+        self._over += 1
+        if self._over < self.patience:
+            return None
+        if self._over == self.patience:
+            self._stalls += 1
+        self._flagged += 1
+        if self._flagged >= self.adapt_after:
+            self._bins.clear()
+            self._slope_cache, self._slope_age = None, 0
+            self._over = self._flagged = 0
+        return self._signal(value, mean_a, mean_b, d_exp, d_obs, w)
+
+    def _signal(
+        self, value: float, mean_a: float, mean_b: float, d_exp: float, d_obs: float, w: int
+    ) -> Signal:
+        x0 = self._x0
+        now = mean_b + x0
+        exp_now = mean_a + x0 - d_exp
+        upper = mean_a + x0 - self.stall_frac * d_exp
+        if self._log:
+            now, exp_now, upper = math.exp(now), math.exp(exp_now), math.exp(upper)
+        score = d_exp / max(d_obs, 1e-12) if d_obs > 0 else 1000.0
+        msg = (
+            f"loss stopped improving: fell {d_obs:.3g} over the last {w} points where its "
+            f"earlier progress predicts {d_exp:.3g}" + (" (log units)" if self._log else "")
+        )
+        return Signal(
+            "warning",
+            min(score, 1000.0),
+            value,
+            exp_now,
+            None,
+            upper,
+            msg,
+            {"smoothed": now, "expected_fall": d_exp, "fall": d_obs, "window": w},
+        )
