@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from runwatch.alerting.rules import default_rules_text, load_rules, parse_rules
+from runwatch.alerting.rules import default_rules_text, known_detectors, load_rules, parse_rules
 from runwatch.alerting.yamlnodes import RulesError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,7 +77,9 @@ EXPECTED = {
     "unknown_channel": "r.yaml:5: routes[0]: unknown channel 'opz'; valid values: ops",
     "bad_severity": "r.yaml:5: routes[0]: match: severity 'severe' is not valid; valid values: info, warning, critical",  # noqa: E501
     "bad_min": "r.yaml:5: routes[0]: match: min_severity: 'high' is not valid; valid values: info, warning, critical",  # noqa: E501
-    "bad_detector": "r.yaml:5: routes[0]: match: unknown detector 'spikes'; valid values: curve_deviation, divergence, lr_sanity, nonfinite, regression, spike, grad_norm_precursor (or a glob like 'spike*')",  # noqa: E501
+    "bad_detector": "r.yaml:5: routes[0]: match: unknown detector 'spikes'; valid values: "
+    + ", ".join(known_detectors())
+    + " (or a glob like 'spike*')",
     "bad_match_key": "r.yaml:5: routes[0]: match: unknown key 'sev'; valid keys: min_severity, run, project, detector, metric, severity, rank, host, gpu",  # noqa: E501
     "bad_duration": "r.yaml:6: defaults: group_wait: '10 minutes' is not a duration; use e.g. 0, 500ms, 30s, 5m, 4h, 1d",  # noqa: E501
     "zero_interval": "r.yaml:6: defaults: group_interval must be above 0",
@@ -163,3 +165,11 @@ def test_routes_match_globs_lists_and_min_severity() -> None:
     assert rules.routes_for(base | {"severity": "info"}) == []
     assert rules.routes_for(base | {"severity": "warning", "metric": "lr"}) == []
     assert rules.routes[0].group_wait == 0.0
+
+
+def test_routes_may_name_the_fleet_and_stall_detectors() -> None:
+    for detector in ("straggler", "hang", "hardware", "stall"):
+        text = BASE.replace(
+            "  - channels: [ops]", f"  - match: {{detector: {detector}}}\n    channels: [ops]"
+        )
+        parse_rules(text, "r.yaml", env={})
