@@ -125,6 +125,19 @@ def serve(db: str, host: str, port: int, open_browser: bool) -> int:
     return 0
 
 
+def open_browser_if_desktop(url: str) -> None:
+    """Open ``url`` in a browser only where there is a desktop to show it.
+
+    On a headless training node Python's webbrowser would fall back to a console browser
+    (lynx, w3m) and take over the terminal; there the printed URL is what people use.
+    """
+    desktop = sys.platform in ("darwin", "win32") or bool(
+        os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+    )
+    if desktop:
+        webbrowser.open(url)
+
+
 def _open_when_ready(url: str) -> None:
     if wait_ready(url):
-        webbrowser.open(url)
+        open_browser_if_desktop(url)

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import webbrowser
 from dataclasses import dataclass
 
 import runwatch
@@ -131,7 +130,14 @@ def serve_demo(
     The dashboard runs as a child process (started before the first step, so the run is
     seen live); after the run ends it stays up until Ctrl-C. Returns the exit code.
     """
-    from runwatch.dashboard.server import free_port, launch, startup_log, url_of, wait_ready
+    from runwatch.dashboard.server import (
+        free_port,
+        launch,
+        open_browser_if_desktop,
+        startup_log,
+        url_of,
+        wait_ready,
+    )
 
     runwatch.open_store(db).close()  # the store exists before the dashboard looks at it
     port = free_port(host, port)
@@ -151,7 +157,7 @@ def serve_demo(
             flush=True,
         )
         if open_browser:
-            webbrowser.open(url)
+            open_browser_if_desktop(url)
         print(run_demo(db, steps=steps, pace=pace, seed=seed, name=name), flush=True)
         print(f"the run has finished; the dashboard stays up at {url} (Ctrl-C to stop)", flush=True)
         proc.wait()
