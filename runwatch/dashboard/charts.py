@@ -7,6 +7,11 @@ the grad-norm burst that caused it: symptoms side by side, in time.
 Frames are already downsampled and carry an ``x`` column (step, wall time or tokens); the
 builders only draw. Raw points are always drawn; with smoothing they fade (as in
 TensorBoard) but stay, so a spike is never hidden by the EMA.
+
+Traces are SVG (``go.Scatter``), not WebGL: with at most ~4,000 points per trace SVG is
+quick everywhere, while WebGL on a machine without a GPU (a headless browser, a remote
+desktop) falls back to software rendering and drew the 1M-step Run page 2-3x slower
+(bench/dashboard.py); it also spends one WebGL context per panel, which browsers cap.
 """
 
 from __future__ import annotations
@@ -84,7 +89,7 @@ def _add_series(
     old = frame[frame["superseded"]] if "superseded" in frame else frame.iloc[:0]
     if len(old):
         fig.add_trace(
-            go.Scattergl(
+            go.Scatter(
                 x=old["x"],
                 y=old["value"],
                 mode="markers",
@@ -98,7 +103,7 @@ def _add_series(
             col=1,
         )
     fig.add_trace(
-        go.Scattergl(
+        go.Scatter(
             x=live["x"],
             y=live["value"],
             mode="lines",
@@ -115,7 +120,7 @@ def _add_series(
     )
     if smoothed and "smooth" in live:
         fig.add_trace(
-            go.Scattergl(
+            go.Scatter(
                 x=live["x"],
                 y=live["smooth"],
                 mode="lines",
@@ -156,7 +161,7 @@ def _add_series(
 
 def _add_expected(fig: go.Figure, expected: pd.DataFrame, forecast: dict[str, Any] | None) -> None:
     fig.add_trace(
-        go.Scattergl(
+        go.Scatter(
             x=expected["x"],
             y=expected["upper"],
             mode="lines",
@@ -169,7 +174,7 @@ def _add_expected(fig: go.Figure, expected: pd.DataFrame, forecast: dict[str, An
         col=1,
     )
     fig.add_trace(
-        go.Scattergl(
+        go.Scatter(
             x=expected["x"],
             y=expected["lower"],
             mode="lines",
@@ -184,7 +189,7 @@ def _add_expected(fig: go.Figure, expected: pd.DataFrame, forecast: dict[str, An
         col=1,
     )
     fig.add_trace(
-        go.Scattergl(
+        go.Scatter(
             x=expected["x"],
             y=expected["expected"],
             mode="lines",

@@ -31,7 +31,7 @@ def compare_figure(
         color = PALETTE[i % len(PALETTE)]
         live = frame[~frame["superseded"]] if "superseded" in frame else frame
         fig.add_trace(
-            go.Scattergl(
+            go.Scatter(
                 x=live["x"],
                 y=live["value"],
                 mode="lines",
@@ -45,7 +45,7 @@ def compare_figure(
         )
         if smoothed and "smooth" in live:
             fig.add_trace(
-                go.Scattergl(
+                go.Scatter(
                     x=live["x"],
                     y=live["smooth"],
                     mode="lines",
