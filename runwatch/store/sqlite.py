@@ -88,14 +88,14 @@ class Store(JudgementTables, OutboxTables, IngestTables):
                     self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s
                 )
             if not readonly:
+                # Several threads or processes may open a new store at once; whoever
+                # switches it to WAL or migrates it holds a lock briefly, so the others
+                # wait for that longer than the connection's own busy timeout.
+                self._conn.execute(f"PRAGMA busy_timeout = {int(MIGRATION_WAIT_S * 1000)}")
                 self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.execute("PRAGMA foreign_keys=ON")
             if not readonly:
-                # Several threads or processes may open a new store at once; whoever
-                # migrates holds the write lock briefly, so the others wait for it longer
-                # than the connection's own busy timeout.
-                self._conn.execute(f"PRAGMA busy_timeout = {int(MIGRATION_WAIT_S * 1000)}")
                 migrate(self._conn, self.path)
                 self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
             else:
