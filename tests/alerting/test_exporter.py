@@ -157,16 +157,17 @@ def test_real_prometheus_scrapes_metrics_and_answers_a_query(
     try:
         url = f"http://127.0.0.1:{port}/api/v1/query"
         result: list[Any] = []
+        last_error: Exception | None = None
         deadline = time.monotonic() + 30  # the first sample takes ~5-6 s (target batching)
         while time.monotonic() < deadline and not result:
             try:
                 answer = httpx.get(url, params={"query": "runwatch_run_step"}, timeout=2).json()
                 result = answer["data"]["result"]
-            except (httpx.HTTPError, KeyError, ValueError):
-                pass
+            except (httpx.HTTPError, KeyError, ValueError) as exc:  # not up yet: poll again
+                last_error = exc
             if not result:
                 time.sleep(0.25)
-        assert result, "Prometheus never returned runwatch_run_step"
+        assert result, f"Prometheus never returned runwatch_run_step (last error: {last_error})"
         assert result[0]["metric"]["run"] == "gpt" and float(result[0]["value"][1]) == 300
         alerts: list[Any] = []
         while time.monotonic() < deadline and not alerts:  # a for: 0s rule fires

@@ -75,7 +75,7 @@ class Exporter(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def log_message(self, *args: object) -> None:
-        pass
+        """Quiet: the test checks what arrived, not the access log."""
 
 
 @pytest.fixture(scope="module")
@@ -110,16 +110,18 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory):
     url = f"http://127.0.0.1:{port}"
     source = PrometheusSource(url)
     deadline = time.monotonic() + 40
+    last_error: Exception | None = None
     try:
         while True:  # the first samples land ~5-6 s after start: poll with a deadline
             try:
                 if len(source.query("DCGM_FI_DEV_GPU_TEMP")) == 4:
                     break
-            except PrometheusError:
-                pass
+            except PrometheusError as exc:  # not scraped yet: poll again
+                last_error = exc
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(
-                    f"prometheus never had the DCGM samples: {(d / 'prom.log').read_text()[-2000:]}"
+                    f"prometheus never had the DCGM samples (last error: {last_error}): "
+                    f"{(d / 'prom.log').read_text()[-2000:]}"
                 )
             time.sleep(0.25)
         yield source

@@ -132,7 +132,7 @@ def test_exception_text_is_classified_too(logger):
     _attach(logger, run)
 
     class OutOfMemoryError(RuntimeError):
-        pass
+        """Named like torch's, which the classifier recognises by name."""
 
     try:
         raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")

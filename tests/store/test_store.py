@@ -22,16 +22,14 @@ def _pts(steps, values, t0=1.7e9):
 
 
 def test_new_store_is_wal_and_versioned(db_path):
-    with open_store(str(db_path)):
-        pass
+    open_store(str(db_path)).close()  # creating the file is the act under test
     conn = sqlite3.connect(db_path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
 def test_store_from_a_newer_runwatch_is_refused(db_path):
-    with open_store(str(db_path)):
-        pass
+    open_store(str(db_path)).close()  # creating the file is the act under test
     conn = sqlite3.connect(db_path)
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     conn.close()
