@@ -18,7 +18,6 @@ import numpy as np
 import pandas as pd
 
 from runwatch.detect.fleet import fleet_anomalies
-from runwatch.detect.live import roles_from_config
 from runwatch.detect.monitor import Monitor
 from runwatch.detect.replay import analyze_frame
 from runwatch.detect.roles import role_of
@@ -54,10 +53,10 @@ def analyze_run(
     # Cross-rank detectors (stragglers, hangs, hardware) see every attempt: the ranks that
     # were behind when a hang struck are in the attempt its restart superseded.
     everything = store.read_points(run, all_attempts=True)
-    anomalies += fleet_anomalies(everything, events, roles_from_config(config))
+    anomalies += fleet_anomalies(everything, events, monitor.config)
     if save:
         store.save_anomalies(store.run_id(run), "replay", anomalies, replace=True)
-        for metric in _loss_metrics(points, config):
+        for metric in _loss_metrics(points, monitor.config):
             try:
                 forecast_run(store, run, metric)
             except ValueError as exc:
@@ -65,9 +64,8 @@ def analyze_run(
     return Analysis(run, anomalies, monitor.health)
 
 
-def _loss_metrics(points: pd.DataFrame, config: Mapping[str, Any] | None) -> list[str]:
-    overrides = roles_from_config(config)
-    return [m for m in points["metric"].unique() if role_of(m, overrides) == "loss"]
+def _loss_metrics(points: pd.DataFrame, roles: Mapping[str, str]) -> list[str]:
+    return [m for m in points["metric"].unique() if role_of(m, roles) == "loss"]
 
 
 def planned_final_step(store: Store, run: str) -> int | None:

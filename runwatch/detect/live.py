@@ -37,14 +37,6 @@ HANG_CHECK_EVERY_S = 5.0
 """How often the detection thread asks the hang detector, when no batch arrives."""
 
 
-def roles_from_config(config: Mapping[str, Any] | None) -> dict[str, str]:
-    """Metric -> role overrides, from a flat mapping or a nested ``{"roles": {...}}``."""
-    if not config:
-        return {}
-    nested = dict(config.get("roles", {}) or {})
-    return {k: v for k, v in config.items() if k != "roles"} | nested
-
-
 class LiveDetection:
     """A writer sink: ``(batch, events)`` -> Monitor -> store, off the write path."""
 
@@ -60,8 +52,9 @@ class LiveDetection:
         self._store_path = store_path
         self._run_id = run_id
         self.monitor = Monitor(config)
-        # Cross-rank detectors; wall-clock time, as the points carry Unix times.
-        self.fleet = FleetMonitor(roles_from_config(config), clock=time.time)
+        # Cross-rank detectors, with the Monitor's metric roles; wall-clock time, as the
+        # points carry Unix times.
+        self.fleet = FleetMonitor(self.monitor.config, clock=time.time)
         self._ids: dict[int, int] = {}
         self._on_change = on_change
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -118,15 +119,9 @@ class StoreBackend:
         assert self.run_id is not None
         try:
             self.store.add_events(
-                self.run_id, attempt, [Event("finish", last_step, _now(), status)]
+                self.run_id, attempt, [Event("finish", last_step, time.time(), status)]
             )
             self.store.record_drops(self.run_id, dict(drops))
             self.store.set_run_status(self.run_id, status)
         finally:
             self.store.close()
-
-
-def _now() -> float:
-    import time
-
-    return time.time()

@@ -35,6 +35,7 @@ from runwatch.server.body import parse_many, read_body, read_model
 from runwatch.server.errors import ApiError, install_handlers, responses
 from runwatch.server.ingest import IngestWriter, OnChangeFactory
 from runwatch.store import RunExistsError, Store
+from runwatch.store.ingest import RUN_SUMMARY_KEYS
 
 # Module level: FastAPI resolves the (string) annotations of dependencies in module globals.
 bearer = HTTPBearer(auto_error=False, description="the token given to `runwatch serve`")
@@ -355,19 +356,7 @@ def _run_row(svc: _Service, run_id: int) -> dict[str, Any]:
 
 
 def _run_out(rec: Mapping[str, Any]) -> dict[str, Any]:
-    keys = (
-        "run_id",
-        "name",
-        "project",
-        "status",
-        "start_time",
-        "end_time",
-        "last_step",
-        "attempts",
-        "series",
-        "points",
-    )
-    out = {k: _plain(rec[k]) for k in keys}
+    out = {k: _plain(rec[k]) for k in RUN_SUMMARY_KEYS}
     for k in ("run_id", "attempts", "series", "points"):
         out[k] = int(out[k] or 0)
     if out["last_step"] is not None:

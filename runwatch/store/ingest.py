@@ -29,6 +29,20 @@ from typing import Any
 from runwatch.model import Event
 from runwatch.store.errors import RunExistsError
 
+RUN_SUMMARY_KEYS = (
+    "run_id",
+    "name",
+    "project",
+    "status",
+    "start_time",
+    "end_time",
+    "last_step",
+    "attempts",
+    "series",
+    "points",
+)
+"""The fields of :meth:`IngestTables.run_summary`, in order (also the API's run object)."""
+
 
 class IngestTables:
     """Mixin for :class:`runwatch.store.Store` (uses its connection, lock and helpers)."""
@@ -190,19 +204,7 @@ class IngestTables:
             row = self._conn.execute(sql, (run_id,)).fetchone()
         if row is None:
             return None
-        keys = (
-            "run_id",
-            "name",
-            "project",
-            "status",
-            "start_time",
-            "end_time",
-            "last_step",
-            "attempts",
-            "series",
-            "points",
-        )
-        return dict(zip(keys, row, strict=True))
+        return dict(zip(RUN_SUMMARY_KEYS, row, strict=True))
 
     def run_status(self, run_id: int) -> str | None:
         """The run's status, or None if there is no such run (a cheap existence check)."""

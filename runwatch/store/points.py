@@ -180,28 +180,7 @@ def read_summarized(
         if (sealed and not has_summary) or lo <= last_max.get(attempt, -1):
             return None
         last_max[attempt] = hi
-    parts = []
-    for block_id, attempt, _, _, _, sealed, _ in blocks:
-        column = "summary" if sealed else "data"
-        (blob,) = conn.execute(
-            f"SELECT {column} FROM point_blocks WHERE id = ?", (block_id,)
-        ).fetchone()
-        steps, times, values = decode_block(blob)
-        parts.append((steps, times, values, np.full(len(steps), attempt, dtype=np.int64)))
-    frame = pd.DataFrame(
-        {
-            "series_id": series_id,
-            "step": np.concatenate([p[0] for p in parts]),
-            "time": np.concatenate([p[1] for p in parts]),
-            "value": np.concatenate([p[2] for p in parts]),
-            "attempt": np.concatenate([p[3] for p in parts]),
-        }
-    )
-    if start is not None or end is not None:
-        lo = -np.inf if start is None else start
-        hi = np.inf if end is None else end
-        frame = frame[(frame["step"] >= lo) & (frame["step"] <= hi)]
-    return frame.reset_index(drop=True)
+    return read_blocks(conn, [series_id], start, end, summaries=True)
 
 
 def read_blocks(
@@ -209,13 +188,20 @@ def read_blocks(
     series_ids: Iterable[int],
     start: int | None = None,
     end: int | None = None,
+    *,
+    summaries: bool = False,
 ) -> pd.DataFrame:
-    """Every stored point of the series (all attempts), in write order, clipped to the range."""
+    """Every stored point of the series (all attempts), in write order, clipped to the range.
+
+    ``summaries=True`` reads sealed blocks as their summaries (callers check they exist).
+    """
     ids = list(series_ids)
     if not ids:
-        return _empty_points()
+        return empty_points()
     marks = ",".join("?" * len(ids))
-    sql = f"SELECT series_id, attempt, data FROM point_blocks WHERE series_id IN ({marks})"
+    # With summaries, a sealed block is read as its extremes (see summarize_block).
+    blob = "CASE WHEN sealed = 1 THEN summary ELSE data END" if summaries else "data"
+    sql = f"SELECT series_id, attempt, {blob} FROM point_blocks WHERE series_id IN ({marks})"
     params: list[int] = list(ids)
     if start is not None:
         sql += " AND max_step >= ?"
@@ -233,7 +219,7 @@ def read_blocks(
         parts_sid.append(np.full(len(steps), series_id, dtype=np.int64))
         parts_att.append(np.full(len(steps), attempt, dtype=np.int64))
     if not parts_step:
-        return _empty_points()
+        return empty_points()
     frame = pd.DataFrame(
         {
             "series_id": np.concatenate(parts_sid),
@@ -250,7 +236,7 @@ def read_blocks(
     return frame.reset_index(drop=True)
 
 
-def _empty_points() -> pd.DataFrame:
+def empty_points() -> pd.DataFrame:
     return pd.DataFrame(
         {
             "series_id": np.array([], dtype=np.int64),

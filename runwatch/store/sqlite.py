@@ -35,6 +35,7 @@ from runwatch.store.points import (
     BlockAppender,
     PointArrays,
     attempt_cutoffs,
+    empty_points,
     latest_points,
     mark_superseded,
     read_summarized,
@@ -476,10 +477,7 @@ class Store(JudgementTables, OutboxTables, IngestTables):
                 lo = int(cutoff) if start is None else max(int(cutoff), int(start))
                 frame = _read_blocks(self._conn, [row[0]], lo, end)
                 parts.append(frame[frame["attempt"] == attempt])
-        if not parts:
-            frame = _read_blocks(self._conn, [], None, None)
-        else:
-            frame = pd.concat(parts, ignore_index=True)
+        frame = pd.concat(parts, ignore_index=True) if parts else empty_points()
         frame = frame.assign(superseded=True).sort_values(["step", "attempt"], kind="stable")
         frame = frame.drop(columns="series_id").reset_index(drop=True)
         if max_points is not None:
