@@ -75,40 +75,60 @@ class Store(JudgementTables, OutboxTables, IngestTables):
                 "`runwatch import` or `runwatch demo`)"
             )
         try:
-            if readonly:
-                uri = f"file:{Path(self.path).resolve()}?mode=ro"
-                self._conn = sqlite3.connect(
-                    uri,
-                    uri=True,
-                    isolation_level=None,
-                    check_same_thread=False,
-                    timeout=busy_timeout_s,
-                )
-            else:
-                self._conn = sqlite3.connect(
-                    self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s
-                )
-            if not readonly:
-                # Several threads or processes may open a new store at once; whoever
-                # switches it to WAL or migrates it holds a lock briefly, so the others
-                # wait for that longer than the connection's own busy timeout.
-                self._conn.execute(f"PRAGMA busy_timeout = {int(MIGRATION_WAIT_S * 1000)}")
-                self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-            self._conn.execute("PRAGMA foreign_keys=ON")
-            if not readonly:
-                migrate(self._conn, self.path)
-                self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            else:
-                self._check_readable()
+            self._conn = self._connect(busy_timeout_s)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: cannot open as a runwatch store: {exc}") from exc
         self._lock = threading.RLock()
         self._series_ids: dict[tuple[int, str, str], int] = {}
         self._appender = BlockAppender(self._conn)
 
-    def _check_readable(self) -> None:
-        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+    def _connect(self, busy_timeout_s: float) -> sqlite3.Connection:
+        """Open the connection; a writer also switches the file to WAL and migrates it.
+
+        Several threads or processes may open a new store at once (a run, its alert sender,
+        the exporter), and whoever switches it to WAL or migrates it holds a lock for a
+        moment. SQLite does not always wait on that lock (a journal-mode change can fail at
+        once), so the set-up is retried for up to ``MIGRATION_WAIT_S``.
+        """
+        if self.readonly:
+            uri = f"file:{Path(self.path).resolve()}?mode=ro"
+            conn = sqlite3.connect(
+                uri,
+                uri=True,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=busy_timeout_s,
+            )
+            try:
+                self._check_readable(conn)
+            except BaseException:
+                conn.close()
+                raise
+            return conn
+        deadline = time.monotonic() + MIGRATION_WAIT_S
+        delay = 0.02
+        while True:
+            conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s
+            )
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("PRAGMA foreign_keys=ON")
+                migrate(conn, self.path)
+                return conn
+            except sqlite3.OperationalError as exc:
+                conn.close()
+                if "locked" not in str(exc) or time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+            except BaseException:
+                conn.close()
+                raise
+
+    def _check_readable(self, conn: sqlite3.Connection) -> None:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version == 0:
             raise StoreError(f"{self.path}: not a runwatch store (no schema version)")
 
