@@ -29,12 +29,23 @@ class Stall(Detector):
     stretches (autocorrelated noise, curvature), and ``min_fall`` - and the observed fall
     is below ``stall_frac`` of it. A loss that rises is flagged too (it is not improving).
 
+    An octave test runs beside it (``long_test``), for slow curves whose short windows
+    cannot tell a plateau from noise: the same comparison between the older and the newer
+    half of the last octave of steps (log-spaced bins of every point, bounded memory), with
+    the reference slope from the learned bins before that octave and ``long_z_resid``
+    robust sigmas of its own past scatter (the last two octaves of it), from
+    ``long_min_points`` points on. Half an octave of points averages the noise
+    down far more than a window of ``window_frac`` of the points, so a plateau on a noisy,
+    slowly falling curve is found - later, but found.
+
     Catches: silent plateaus (LR stuck at 0, a frozen layer, data stuck on a few shards),
     from a few hundred points after they start, whatever the level of a fitted curve.
     Misses: a plateau while the loss was already nearly flat (the expected fall is then
-    within the noise); a slowdown to more than ``stall_frac`` of the expected pace; the
-    first ``min_points`` points; an LR schedule that flattens the loss on purpose (LR
-    annealed to zero at the very end of a run looks like a stall of the last points).
+    within the noise; on a warmup-stable-decay schedule that is the whole stable phase,
+    until the decay that the plateau skips shows it); a slowdown to more than
+    ``stall_frac`` of the expected pace; the first ``long_min_points`` points; an LR
+    schedule that flattens the loss on purpose (LR annealed to zero at the very end of a
+    run looks like a stall of the last points).
 
     Baseline protection: while a stall is flagged, its points are not binned, so the
     reference slope stays the one from before the stall. The cost: after ``adapt_after``
@@ -68,6 +79,9 @@ class Stall(Detector):
         min_points: int = 1000,
         per_octave: int = 8,
         adapt_after: int = 5000,
+        long_test: bool = True,
+        long_z_resid: float = 1.5,
+        long_min_points: int = 500,
     ) -> None:
         check_number("window_frac", window_frac, low=0.001, high=0.5)
         check_number("min_window", min_window, low=4, integer=True)
@@ -93,6 +107,9 @@ class Stall(Detector):
         self.min_points = min_points
         self.per_octave = per_octave
         self.adapt_after = adapt_after
+        self.long_test = long_test
+        self.long_z_resid = long_z_resid
+        self.long_min_points = long_min_points
         super().__init__()
 
     def _reset(self) -> None:
@@ -107,6 +124,8 @@ class Stall(Detector):
         self._sigma = 0.0
         self._since_noise = 0
         self._bins: dict[int, list[float]] = {}
+        self._all_bins: dict[int, list[float]] = {}
+        self._long = _LongTest()
         self._resid: deque[float] = deque(maxlen=64)
         self._resid_scale = 0.0
         self._resid_age = 0
@@ -149,22 +168,56 @@ class Stall(Detector):
         if self._since_noise >= 32 or self._n <= 128:
             self._since_noise = 0
             self._sigma = robust_scale(list(nb))
+        k = int(self.per_octave * ls / _LN2)
+        _add(self._all_bins, k, ls, xc)
         sig = None
         if self._n >= self.min_points:
             sig = self._check(step, value)
+        if sig is None and self.long_test and self._n >= self.long_min_points:
+            sig = self._check_long(k, value)
         if sig is None:
             self._learn(ls, x)
         return sig
 
     def _learn(self, ls: float, x: float) -> None:
-        k = int(self.per_octave * ls / _LN2)
-        b = self._bins.get(k)
-        if b is None:
-            self._bins[k] = [ls, x, 1.0]
-        else:
-            b[0] += ls
-            b[1] += x
-            b[2] += 1.0
+        _add(self._bins, int(self.per_octave * ls / _LN2), ls, x)
+
+    def _check_long(self, k: int, value: float) -> Signal | None:
+        """The octave test: over the last octave of steps, has the loss fallen as far as
+        its progress before that octave predicts?
+
+        The octave is split into its older and newer half (``per_octave // 2`` bins each,
+        the newest bin still filling); the window means come from every point's clipped
+        value and the reference slope from the learned bins before the octave, so a
+        plateau that began inside the octave cannot flatten its own reference.
+        """
+        lt = self._long
+        if lt.k != k:
+            lt.new_bin(k, self._all_bins, self.per_octave)
+            lt.slope = self._slope((k - self.per_octave) * _LN2 / self.per_octave)
+        cur = self._all_bins[k]
+        na, nb = lt.a[2], lt.b[2] + cur[2]
+        if lt.slope is None or lt.slope >= 0 or min(na, nb) < self.min_window:
+            lt.over = 0
+            return None
+        mean_a = lt.a[1] / na
+        mean_b = (lt.b[1] + cur[1]) / nb
+        d_exp = -lt.slope * ((lt.b[0] + cur[0]) / nb - lt.a[0] / na)
+        d_obs = mean_a - mean_b
+        se = self._sigma * math.sqrt(1.0 / na + 1.0 / nb)
+        need = max(self.z * se, self.long_z_resid * lt.resid_scale, self.min_fall)
+        if lt.resid_n < lt.MIN_RESID or not (d_exp > need and d_obs < self.stall_frac * d_exp):
+            lt.over = 0
+            if lt.sampled != k:
+                lt.sampled = k
+                lt.add_resid(d_obs - d_exp)
+            return None
+        lt.over += 1
+        if lt.over < self.patience:
+            return None
+        if lt.over == self.patience:
+            self._stalls += 1
+        return self._signal(value, mean_a, mean_b, d_exp, d_obs, int(nb), "the last octave")
 
     def _slope(self, ls_end: float) -> float | None:
         """Slope of x against ln(step) over the ``ref_octaves`` octaves before ``ls_end``."""
@@ -250,10 +303,17 @@ class Stall(Detector):
             self._bins.clear()
             self._slope_cache, self._slope_age = None, 0
             self._over = self._flagged = 0
-        return self._signal(value, mean_a, mean_b, d_exp, d_obs, w)
+        return self._signal(value, mean_a, mean_b, d_exp, d_obs, w, f"the last {w} points")
 
     def _signal(
-        self, value: float, mean_a: float, mean_b: float, d_exp: float, d_obs: float, w: int
+        self,
+        value: float,
+        mean_a: float,
+        mean_b: float,
+        d_exp: float,
+        d_obs: float,
+        w: int,
+        span: str,
     ) -> Signal:
         x0 = self._x0
         now = mean_b + x0
@@ -263,7 +323,7 @@ class Stall(Detector):
             now, exp_now, upper = math.exp(now), math.exp(exp_now), math.exp(upper)
         score = d_exp / max(d_obs, 1e-12) if d_obs > 0 else 1000.0
         msg = (
-            f"loss stopped improving: fell {d_obs:.3g} over the last {w} points where its "
+            f"loss stopped improving: fell {d_obs:.3g} over {span} where its "
             f"earlier progress predicts {d_exp:.3g}" + (" (log units)" if self._log else "")
         )
         return Signal(
@@ -276,3 +336,61 @@ class Stall(Detector):
             msg,
             {"smoothed": now, "expected_fall": d_exp, "fall": d_obs, "window": w},
         )
+
+
+def _add(bins: dict[int, list[float]], k: int, ls: float, x: float) -> None:
+    b = bins.get(k)
+    if b is None:
+        bins[k] = [ls, x, 1.0]
+    else:
+        b[0] += ls
+        b[1] += x
+        b[2] += 1.0
+
+
+class _LongTest:
+    """State of the octave test: sums of the completed bins of the two half-octaves, the
+    reference slope for the current bin, and the statistic's own scatter while unflagged."""
+
+    MIN_RESID = 8
+    """Samples of the statistic's scatter needed before the octave test may flag."""
+
+    __slots__ = ("a", "b", "k", "over", "resid", "resid_n", "resid_scale", "sampled", "slope")
+
+    def __init__(self) -> None:
+        self.k = -1
+        self.a = (0.0, 0.0, 0.0)
+        self.b = (0.0, 0.0, 0.0)
+        self.slope: float | None = None
+        self.over = 0
+        self.sampled = -1
+        self.resid: deque[float] = deque(maxlen=16)
+        self.resid_n = 0
+        self.resid_scale = 0.0
+
+    def new_bin(self, k: int, bins: dict[int, list[float]], per_octave: int) -> None:
+        """Sum the completed bins of the older ([k-P, k-P/2)) and newer ([k-P/2, k)) half."""
+        half = per_octave // 2
+        self.k = k
+        self.a = _sum_bins(bins, k - per_octave, k - half)
+        self.b = _sum_bins(bins, k - half, k)
+
+    def add_resid(self, r: float) -> None:
+        self.resid.append(r)
+        self.resid_n = len(self.resid)
+        if self.resid_n >= 2:
+            srt = sorted(self.resid)
+            med = srt[len(srt) // 2]
+            dev = sorted(abs(v - med) for v in srt)
+            self.resid_scale = 1.4826 * dev[len(dev) // 2]
+
+
+def _sum_bins(bins: dict[int, list[float]], lo: int, hi: int) -> tuple[float, float, float]:
+    ls = x = n = 0.0
+    for j in range(lo, hi):
+        b = bins.get(j)
+        if b is not None:
+            ls += b[0]
+            x += b[1]
+            n += b[2]
+    return ls, x, n

@@ -56,3 +56,25 @@ def test_the_monitor_reports_a_stall_on_the_loss():
     pts = pd.DataFrame({"metric": "loss", "step": np.arange(1, v.size + 1), "value": v})
     stalls = [a for a in analyze_frame(pts) if a.detector == "stall"]
     assert stalls and stalls[0].start_step > 12_000
+
+
+def test_the_octave_test_finds_a_plateau_too_slow_for_the_short_windows():
+    # A noisy, slowly falling curve (per-point noise 5%, ten times the fall over the
+    # first 10% of the remaining steps): the short windows cannot see the plateau, half an
+    # octave of points can.
+    rng = np.random.default_rng(7)
+    s = np.arange(1, 16_001)
+    trend = 3.0 + 8.0 * (s + 200.0) ** -0.5
+    v = trend * np.exp(0.05 * rng.standard_normal(s.size))
+    v[4000:] = trend[3999] * np.exp(0.05 * rng.standard_normal(s.size - 4000))
+    assert _first(Stall(long_test=False), v) is None
+    hit = _first(Stall(), v)
+    assert hit is not None and 4000 < hit <= 8000
+
+
+def test_the_octave_test_is_quiet_on_the_same_curve_without_a_plateau():
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        s = np.arange(1, 16_001)
+        v = (3.0 + 8.0 * (s + 200.0) ** -0.5) * np.exp(0.05 * rng.standard_normal(s.size))
+        assert _first(Stall(), v) is None
