@@ -13,6 +13,7 @@ import copy
 import inspect
 import logging
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import sub as _sub
 from typing import Any, ClassVar
@@ -21,7 +22,7 @@ from runwatch.model import SEVERITIES
 
 log = logging.getLogger("runwatch.detect")
 
-__all__ = ["Detector", "Signal", "check_choice", "check_number", "robust_scale"]
+__all__ = ["Detector", "Signal", "check_choice", "check_number", "guarded", "robust_scale"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,28 @@ class Detector:
         """Learn from one point; return a Signal if it is flagged, else None."""
         raise NotImplementedError
 
+    def update_many(
+        self,
+        steps: Sequence[int],
+        values: Sequence[float],
+        on_error: Callable[[int], None] | None = None,
+    ) -> list[tuple[int, Signal]]:
+        """``update`` over many points in order; return ``(index, signal)`` for the flagged.
+
+        Exactly what calling ``update`` point by point gives (same signals, same state
+        afterwards); batch replay uses it. A point whose ``update`` raises is reported to
+        ``on_error(index)`` and counts as unflagged, as the Monitor does (without
+        ``on_error`` the exception propagates). This default is that loop; a detector may
+        override it with a vectorised path for its quiet stretches.
+        """
+        out = []
+        upd = self.update
+        for i, (step, value) in enumerate(zip(steps, values, strict=True)):
+            sig = upd(step, value) if on_error is None else guarded(upd, step, value, i, on_error)
+            if sig is not None:
+                out.append((i, sig))
+        return out
+
     def rewind(self, step: int) -> None:
         """The run went back to ``step`` (restart/resume): tolerate repeated steps.
 
@@ -97,6 +120,24 @@ class Detector:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self._get_params().items())
         return f"{type(self).__name__}({args})"
+
+
+def guarded(
+    update: Callable[[int, float], Signal | None],
+    step: int,
+    value: float,
+    i: int,
+    on_error: Callable[[int], None] | None,
+) -> Signal | None:
+    """``update(step, value)``; if it raises and ``on_error`` is given, report point ``i``
+    to it and return None (the Monitor's guard: a detector bug must not end a replay)."""
+    if on_error is None:
+        return update(step, value)
+    try:
+        return update(step, value)
+    except Exception:
+        on_error(i)
+        return None
 
 
 def check_number(

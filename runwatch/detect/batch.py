@@ -72,25 +72,43 @@ def _run_series(mon: Monitor, series, rows: np.ndarray, st: np.ndarray, v: np.nd
     rows_l = rows.tolist()
     steps_l = st.tolist()
     values_l = v.tolist()
-    out: list[Anomaly] = []
     _nonfinite(mon, series, rows_l, steps_l, values_l, np.flatnonzero(~np.isfinite(v)))
-    handle = mon._handle
-    opened = series.open
     for i in range(1, len(series.detectors)):
         det = series.detectors[i]
-        upd = det.update
-        # The quiet path (no signal, no open episode) costs one call: the Monitor's
-        # episode code (shared with streaming) runs only where there is something to do.
-        for row, step, value in zip(rows_l, steps_l, values_l, strict=True):
-            try:
-                sig = upd(step, value)
-            except Exception:
-                mon._failed(series, det, step)
-                sig = None
-            if sig is not None or opened[i] is not None:
-                mon._row = row
-                handle(series, i, det, step, sig, out)
-        out.clear()
+        try:
+            sigs = det.update_many(
+                steps_l, values_l, lambda k, det=det: mon._failed(series, det, steps_l[k])
+            )
+        except Exception:  # pragma: no cover - a bug in a vectorised path itself
+            mon._failed(series, det, steps_l[0])
+            continue
+        _episodes(mon, series, i, det, rows_l, steps_l, sigs)
+
+
+def _episodes(mon: Monitor, series, i: int, det, rows_l, steps_l, sigs) -> None:
+    """Open, grow and close detector ``i``'s episodes from its signals, as ``_handle``
+    would point by point: unflagged points only matter while an episode is open, and only
+    the first ``det.quiet`` of them (the episode is closed by then)."""
+    handle = mon._handle
+    quiet = det.quiet
+    out: list[Anomaly] = []
+    prev = -1
+    for k, sig in sigs:
+        if series.open[i] is not None:
+            for _ in range(min(k - prev - 1, quiet)):
+                handle(series, i, det, 0, None, out)
+                if series.open[i] is None:
+                    break
+        mon._row = rows_l[k]
+        handle(series, i, det, steps_l[k], sig, out)
+        prev = k
+        if len(out) > 256:
+            out.clear()
+    if series.open[i] is not None:
+        for _ in range(min(len(steps_l) - prev - 1, quiet)):
+            handle(series, i, det, 0, None, out)
+            if series.open[i] is None:
+                break
 
 
 def _nonfinite(mon: Monitor, series, rows_l, steps_l, values_l, bad: np.ndarray) -> None:

@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
-from runwatch.detect.base import Detector, Signal, check_choice, check_number, robust_scale
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from runwatch.detect.base import (
+    Detector,
+    Signal,
+    check_choice,
+    check_number,
+    guarded,
+    robust_scale,
+)
 from runwatch.detect.spikescore import SpikeScore
 
 
@@ -175,6 +186,78 @@ class Spike(Detector):
             self._learn(x)
         return self._signal(step, value, center, scale, z, run, adapted)
 
+    def update_many(
+        self,
+        steps: Sequence[int],
+        values: Sequence[float],
+        on_error: Callable[[int], None] | None = None,
+    ) -> list[tuple[int, Signal]]:
+        """``update`` point by point, with the quiet stretches done in numpy (same result).
+
+        A quiet stretch is one where no point is flagged: every point is then learned, so
+        the baseline median, the noise scale (recomputed every 8 learned points) and the
+        test of each point follow from the values alone. A window of points is tested
+        that way, the state moved to just before the first point that could be flagged
+        (or be non-finite, or end log space), and that point goes through ``update``.
+        """
+        out: list[tuple[int, Signal]] = []
+        n = len(values)
+        vectorise = self.min_points < self.window  # else the scale is redone every point
+        i = 0
+        chunk = 256
+        while i < n:
+            if vectorise and not self._run and len(self._buf) >= self.min_points:
+                stop = min(n, i + chunk)
+                j = self._quiet_stretch(values, i, stop)
+                chunk = min(chunk * 2, 8192) if j == stop else 256
+                i = j
+                if i >= n:
+                    break
+            sig = guarded(self.update, steps[i], values[i], i, on_error)
+            if sig is not None:
+                out.append((i, sig))
+            i += 1
+        return out
+
+    def _quiet_stretch(self, values: Sequence[float], a: int, b: int) -> int:
+        """Learn values[a:b] as ``update`` would while none is flagged; return where that
+        stops (the first point that needs ``update``), with the state moved up to it."""
+        vals = np.asarray(values[a:b], dtype=float)
+        bad = ~np.isfinite(vals)
+        if self._log:
+            bad |= vals <= 0
+        if bad.any():
+            vals = vals[: int(np.argmax(bad))]
+        k = vals.size
+        if k == 0:
+            return a
+        raw = values[a : a + k]
+        x = list(map(math.log, raw)) if self._log else [float(v) for v in raw]
+        buf = self._buf
+        m = len(buf)
+        z_all = np.array(buf + x)
+        xs = z_all[m:]
+        cw = self.center_window
+        win = np.sort(sliding_window_view(z_all[m - cw : m + k - 1], cw), axis=1)
+        h = cw // 2
+        center = win[:, h] if cw % 2 else 0.5 * (win[:, h - 1] + win[:, h])
+        # Scale recomputations: after learning point j when the count since the last one
+        # reaches 8, over the last ``window`` learned values.
+        rec = np.arange(7 - self._since_scale, k, 8)
+        scales = [self._scale, *_scales(z_all, m + rec + 1, self.window)]
+        before = np.searchsorted(rec, np.arange(k), side="left")  # recomputes before j
+        scale = np.maximum(np.array(scales)[before], 1e-12)
+        dev = xs - center
+        z = dev / scale
+        hit = ~((z < self.threshold) | (dev < self.min_delta))
+        c = int(np.argmax(hit)) if hit.any() else k
+        # Move the state to just before point c: points a .. a+c-1 were learned.
+        self._score.update_many(raw[:c])
+        self._buf = z_all[max(0, m + c - self.window) : m + c].tolist()
+        self._since_scale = (self._since_scale + c) % 8
+        self._scale = scales[int(np.searchsorted(rec, c, side="left"))]
+        return a + c
+
     def _signal(
         self, step: int, value: float, center: float, scale: float, z: float, run: int, adapted
     ) -> Signal:
@@ -219,3 +302,24 @@ class Spike(Detector):
                 "adapted": adapted,
             },
         )
+
+
+def _scales(z: np.ndarray, ends: np.ndarray, window: int) -> list[float]:
+    """``robust_scale`` of ``z[max(0, e - window):e]`` for each end ``e``, bit for bit: the
+    same differences and the same order statistic, picked by ``np.partition``."""
+    out: list[float] = []
+    full = ends >= window
+    if full.any():
+        d = np.abs(np.diff(z))  # |z[i+1] - z[i]|, as robust_scale forms them
+        rows = sliding_window_view(d, window - 1)[ends[full] - window]
+        kth = (window - 1) // 2
+        med = np.partition(rows, kth, axis=1)[:, kth]
+        vals = (1.0484 * med).tolist()
+    ends_l = ends.tolist()
+    it = iter(vals) if full.any() else iter(())
+    for e, f in zip(ends_l, full.tolist(), strict=True):
+        v = next(it) if f else 0.0
+        if not f or v == 0.0:
+            v = robust_scale(z[max(0, e - window) : e].tolist())  # short window, or zero
+        out.append(v)
+    return out
