@@ -58,12 +58,11 @@ def fit_power_law(
     Steps are scaled to [0, 1] internally so the parameters are of order one whatever the
     run length. Raises ``TooLittleData`` below ``MIN_POINTS`` finite points. A constant
     curve fits as A = 0 (no crash). The loss is minimised by a small bounded
-    Levenberg-Marquardt (``_solve``, analytic Jacobian) from two starts, keeping the
-    better: the best point of a grid over (α, s0) where E and A, being linear, are solved
-    in closed form (variable projection), and ``start`` (an earlier fit) when given. The
-    problem has four parameters and a few dozen binned points, so a hand-written solver
-    costs a fraction of a millisecond where ``scipy.optimize.least_squares`` spent most of
-    its time in per-call overhead.
+    Levenberg-Marquardt (``_solve``, analytic Jacobian) from the better of two starts: the
+    best point of a grid over (α, s0) where E and A, being linear, are solved in closed
+    form (variable projection), and ``start`` (an earlier fit) when given. The problem has
+    four parameters and a few dozen binned points: a hand-written solver takes a few
+    milliseconds where ``scipy.optimize.least_squares`` took ~15, mostly per-call overhead.
     """
     x = np.asarray(steps, dtype=float)
     y = np.asarray(values, dtype=float)
@@ -90,13 +89,15 @@ def fit_power_law(
         a_s = start.A * xmax ** (-start.alpha)
         p = np.array([min(start.E, ymin), a_s, start.alpha, s0s])
         starts.append(np.clip(p, lo, np.where(np.isinf(hi), p, hi)))
-    best, best_cost = None, math.inf
-    for p0 in starts:
-        with np.errstate(all="ignore"):
-            p, cost = _solve(xs, y, sw, p0, lo, hi, f_scale)
-        if cost < best_cost:
-            best, best_cost = p, cost
-    if best is None:  # pragma: no cover - defensive (every start gave a non-finite cost)
+    f2 = f_scale * f_scale
+    with np.errstate(all="ignore"):
+        # One local solve, from whichever start fits better already: on the real runs'
+        # refits, solving from both starts as well lowered the cost by at most 2e-4 relative
+        # (once; median 0), at twice the cost.
+        first = [_soft_l1(sw * (p[0] + p[1] * np.power(xs + p[3], -p[2]) - y), f2) for p in starts]
+        p0 = starts[int(np.argmin(first))]
+        best, best_cost = _solve(xs, y, sw, p0, lo, hi, f_scale)
+    if not math.isfinite(best_cost):  # pragma: no cover - defensive
         raise TooLittleData(int(x.size), MIN_POINTS, "usable points")
     e, a_s, alpha, s0s = (float(v) for v in best)
     res = y - (e + a_s * np.power(xs + s0s, -alpha))
