@@ -169,7 +169,7 @@ class Stall(Detector):
             self._since_noise = 0
             self._sigma = robust_scale(list(nb))
         k = int(self.per_octave * ls / _LN2)
-        _add(self._all_bins, k, ls, xc)
+        _add(self._all_bins, k, ls, self._long.clip(k, xc, self._sigma, self._all_bins))
         sig = None
         if self._n >= self.min_points:
             sig = self._check(step, value)
@@ -354,11 +354,27 @@ class _LongTest:
 
     MIN_RESID = 8
     """Samples of the statistic's scatter needed before the octave test may flag."""
+    CLIP = 4.0
+    """Noise sigmas above the last completed bin's mean where a point is capped."""
 
-    __slots__ = ("a", "b", "k", "over", "resid", "resid_n", "resid_scale", "sampled", "slope")
+    __slots__ = (
+        "a",
+        "b",
+        "clip_base",
+        "clip_k",
+        "k",
+        "over",
+        "resid",
+        "resid_n",
+        "resid_scale",
+        "sampled",
+        "slope",
+    )
 
     def __init__(self) -> None:
         self.k = -1
+        self.clip_k = -1
+        self.clip_base = math.inf
         self.a = (0.0, 0.0, 0.0)
         self.b = (0.0, 0.0, 0.0)
         self.slope: float | None = None
@@ -367,6 +383,19 @@ class _LongTest:
         self.resid: deque[float] = deque(maxlen=16)
         self.resid_n = 0
         self.resid_scale = 0.0
+
+    def clip(self, k: int, x: float, sigma: float, bins: dict[int, list[float]]) -> float:
+        """``x`` capped at the mean of the last completed bin + ``CLIP`` noise sigmas.
+
+        The median of 5 does not stop a spike of tens of points; this cap does, so a long
+        spike cannot hold a half-octave mean up (a falling curve never reaches the cap, and
+        a rising one is still seen rising).
+        """
+        if k != self.clip_k:
+            self.clip_k = k
+            prev = max((j for j in bins if j < k), default=None)
+            self.clip_base = math.inf if prev is None else bins[prev][1] / bins[prev][2]
+        return min(x, self.clip_base + self.CLIP * sigma)
 
     def new_bin(self, k: int, bins: dict[int, list[float]], per_octave: int) -> None:
         """Sum the completed bins of the older ([k-P, k-P/2)) and newer ([k-P/2, k)) half."""

@@ -11,6 +11,7 @@ from runwatch.detect import Monitor, role_of
 from runwatch.detect.deviation import CurveDeviation
 from runwatch.detect.divergence import Divergence
 from runwatch.detect.spike import Spike
+from runwatch.detect.stall import Stall
 from runwatch.model import Anomaly, Event
 
 from .conftest import canon, loss_curve
@@ -60,6 +61,7 @@ GOLDEN = [
     ("divergence", "loss", 2529, 2999, "critical"),
     ("curve_deviation", "loss", 2532, 2999, "warning"),
     ("spike", "loss", 2764, 2963, "warning"),
+    ("stall", "loss", 2786, 2999, "warning"),  # the octave test: a diverging loss stopped improving
 ]
 
 
@@ -204,6 +206,8 @@ def test_state_stays_bounded_over_a_very_long_run():
     assert len(spike._score._ring) <= spike.score_window
     assert len(div._blocks) <= div.ref_blocks
     assert len(dev._bins) < 200
+    stall = next(d for d in dets if isinstance(d, Stall))
+    assert len(stall._bins) < 200 and len(stall._all_bins) < 200
     assert 0 < m.health["spike_score"]["loss"] < 0.01
 
 
@@ -213,7 +217,7 @@ def test_health_reports_spike_scores_and_counts():
     h = m.health
     assert h["points"] == 12_000 and h["series"] == 4
     assert h["spike_score"]["loss"] == pytest.approx(40 / 3000, abs=0.005)
-    assert h["anomalies_by_severity"] == {"info": 2, "warning": 9, "critical": 3}
+    assert h["anomalies_by_severity"] == {"info": 2, "warning": 10, "critical": 3}
     assert h["detector_errors"] == 0
 
 
