@@ -12,6 +12,13 @@ Traces are SVG (``go.Scatter``), not WebGL: with at most ~4,000 points per trace
 quick everywhere, while WebGL on a machine without a GPU (a headless browser, a remote
 desktop) falls back to software rendering and drew the 1M-step Run page 2-3x slower
 (bench/dashboard.py); it also spends one WebGL context per panel, which browsers cap.
+
+What plotly.js spends its drawing time on decides two more choices (measured on the
+1M-step figure in headless Chromium, Plotly.newPlot): redone steps are one faded *line* per
+earlier attempt, not markers (a marker is an SVG node styled one by one; 1,000 per panel
+took 0.5 s of a 1.2 s draw), and the run chart has fixed margins with axis automargin off
+(automargin measures every tick label and then draws the whole figure a second time:
+another 0.3 s).
 """
 
 from __future__ import annotations
@@ -22,7 +29,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 PALETTE = ("#2563eb", "#7c3aed", "#0d9488", "#ea580c", "#db2777", "#4b5563", "#65a30d")
 SEVERITY_COLOR = {"info": "#eab308", "warning": "#f97316", "critical": "#dc2626"}
@@ -35,8 +41,11 @@ NAN_COLOR = "#b91c1c"
 FONT = "Inter, system-ui, -apple-system, Segoe UI, sans-serif"
 
 
-def base_layout(fig: go.Figure, height: int) -> go.Figure:
-    """The look shared by every runwatch figure: white, quiet grid, legend on top."""
+def base_layout(fig: go.Figure, height: int, *, axes: bool = True) -> go.Figure:
+    """The look shared by every runwatch figure: white, quiet grid, legend on top.
+
+    ``axes=False`` leaves the axes alone (the run chart builds its own, already styled).
+    """
     fig.update_layout(
         template="plotly_white",
         height=height,
@@ -46,6 +55,8 @@ def base_layout(fig: go.Figure, height: int) -> go.Figure:
         hoverlabel={"font_size": 12},
         hovermode="closest",
     )
+    if not axes:
+        return fig
     fig.update_xaxes(
         showgrid=True,
         gridcolor="#eef0f3",
@@ -82,151 +93,196 @@ def _finite_top(frame: pd.DataFrame) -> float:
     return float(finite.max()) if finite.size else 1.0
 
 
+def _per_attempt(old: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """x and y of the redone steps as one line per earlier attempt, a gap between them.
+
+    Two earlier attempts can cover the same steps (a crash, then another before the first
+    crash point), so the points are grouped by attempt before they are joined into a line.
+    """
+    if "attempt" not in old or old["attempt"].nunique() <= 1:
+        return old["x"].to_numpy(), old["value"].to_numpy(dtype=float)
+    xs: list[np.ndarray] = []
+    ys: list[np.ndarray] = []
+    for _, part in old.groupby("attempt", sort=True):
+        if xs:  # a gap: plotly breaks a line at a null y (connectgaps=False)
+            xs.append(part["x"].to_numpy()[:1])
+            ys.append(np.array([np.nan]))
+        xs.append(part["x"].to_numpy())
+        ys.append(part["value"].to_numpy(dtype=float))
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+class _Spec:
+    """A figure being built as plain dicts: traces, shapes and annotations.
+
+    plotly's incremental API (``add_trace(row=)``, ``add_vline(row="all")``,
+    ``update_xaxes``) validates and merges on every call and took 0.2-0.4 s for the run
+    chart; one ``go.Figure(dict)`` at the end validates the same figure in ~0.03 s.
+    """
+
+    def __init__(self) -> None:
+        self.traces: list[dict[str, Any]] = []
+        self.shapes: list[dict[str, Any]] = []
+        self.annotations: list[dict[str, Any]] = []
+
+    def trace(self, row: int, **props: Any) -> None:
+        self.traces.append(
+            {"type": "scatter", "xaxis": _axis("x", row), "yaxis": _axis("y", row), **props}
+        )
+
+    def span(self, row: int, x0: Any, x1: Any, **props: Any) -> None:
+        """A shaded x-range over one panel's full height (an anomaly episode)."""
+        self.shapes.append(
+            {
+                "type": "rect",
+                "x0": x0,
+                "x1": x1,
+                "y0": 0,
+                "y1": 1,
+                "xref": _axis("x", row),
+                "yref": _axis("y", row) + " domain",
+                "line": {"width": 0},
+                **props,
+            }
+        )
+
+
+def _axis(letter: str, row: int) -> str:
+    """plotly's axis id for a row: ``x``, ``x2``, ... (the first has no number)."""
+    return letter if row == 1 else f"{letter}{row}"
+
+
+def _small(values: Any) -> np.ndarray:
+    """float32 for drawn values: 7 digits are more than a screen shows (hover prints 4), and
+    the figure sent to the browser is a third smaller."""
+    return np.asarray(values, dtype=np.float32)
+
+
 def _add_series(
-    fig: go.Figure, row: int, name: str, frame: pd.DataFrame, color: str, smoothed: bool
+    spec: _Spec, row: int, name: str, frame: pd.DataFrame, color: str, smoothed: bool
 ) -> None:
     live = frame[~frame["superseded"]] if "superseded" in frame else frame
     old = frame[frame["superseded"]] if "superseded" in frame else frame.iloc[:0]
     if len(old):
-        fig.add_trace(
-            go.Scatter(
-                x=old["x"],
-                y=old["value"],
-                mode="markers",
-                name="redone steps (lost work)",
-                marker={"color": REDONE_COLOR, "size": 4, "opacity": 0.55},
-                legendgroup="redone",
-                showlegend=row == 1,
-                hovertemplate="redone step %{x}: %{y:.4g}<extra>earlier attempt</extra>",
-            ),
-            row=row,
-            col=1,
-        )
-    fig.add_trace(
-        go.Scatter(
-            x=live["x"],
-            y=live["value"],
+        x, y = _per_attempt(old)
+        spec.trace(
+            row,
+            x=x,
+            y=_small(y),
             mode="lines",
-            name=name,
-            line={"color": color, "width": 1.2 if smoothed else 1.6},
-            opacity=0.3 if smoothed else 1.0,
-            legendgroup=name,
-            # Panels are titled; the legend only explains the top (loss) panel's marks.
-            showlegend=row == 1 and not smoothed,
-            hovertemplate="%{y:.4g}<extra>" + name + "</extra>",
-        ),
-        row=row,
-        col=1,
+            name="redone steps (lost work)",
+            line={"color": REDONE_COLOR, "width": 1.2},
+            opacity=0.7,
+            connectgaps=False,
+            legendgroup="redone",
+            showlegend=row == 1,
+            hovertemplate="redone step %{x}: %{y:.4g}<extra>earlier attempt</extra>",
+        )
+    spec.trace(
+        row,
+        x=live["x"].to_numpy(),
+        y=_small(live["value"]),
+        mode="lines",
+        name=name,
+        line={"color": color, "width": 1.2 if smoothed else 1.6},
+        opacity=0.3 if smoothed else 1.0,
+        legendgroup=name,
+        # Panels are titled; the legend only explains the top (loss) panel's marks.
+        showlegend=row == 1 and not smoothed,
+        hovertemplate="%{y:.4g}<extra>" + name + "</extra>",
     )
     if smoothed and "smooth" in live:
-        fig.add_trace(
-            go.Scatter(
-                x=live["x"],
-                y=live["smooth"],
-                mode="lines",
-                name=f"{name} (EMA; raw faded)",
-                line={"color": color, "width": 2},
-                legendgroup=name,
-                showlegend=row == 1,
-                hovertemplate="%{y:.4g}<extra>" + name + " EMA</extra>",
-            ),
-            row=row,
-            col=1,
+        spec.trace(
+            row,
+            x=live["x"].to_numpy(),
+            y=_small(live["smooth"]),
+            mode="lines",
+            name=f"{name} (EMA; raw faded)",
+            line={"color": color, "width": 2},
+            legendgroup=name,
+            showlegend=row == 1,
+            hovertemplate="%{y:.4g}<extra>" + name + " EMA</extra>",
         )
     bad = live[~np.isfinite(live["value"].to_numpy(dtype=float))]
     if len(bad):
-        fig.add_trace(
-            go.Scatter(
-                x=bad["x"],
-                y=[_finite_top(live)] * len(bad),
-                mode="markers+text",
-                text=["NaN" if np.isnan(v) else "inf" for v in bad["value"]],
-                textposition="top center",
-                textfont={"color": NAN_COLOR, "size": 11},
-                marker={
-                    "color": NAN_COLOR,
-                    "symbol": "x-thin-open",
-                    "size": 12,
-                    "line": {"width": 2.5, "color": NAN_COLOR},
-                },
-                name="non-finite",
-                legendgroup="nonfinite",
-                showlegend=False,
-                hovertemplate="non-finite value at %{x}<extra>" + name + "</extra>",
-            ),
-            row=row,
-            col=1,
+        spec.trace(
+            row,
+            x=bad["x"].to_numpy(),
+            y=[_finite_top(live)] * len(bad),
+            mode="markers+text",
+            text=["NaN" if np.isnan(v) else "inf" for v in bad["value"]],
+            textposition="top center",
+            textfont={"color": NAN_COLOR, "size": 11},
+            marker={
+                "color": NAN_COLOR,
+                "symbol": "x-thin-open",
+                "size": 12,
+                "line": {"width": 2.5, "color": NAN_COLOR},
+            },
+            name="non-finite",
+            legendgroup="nonfinite",
+            showlegend=False,
+            hovertemplate="non-finite value at %{x}<extra>" + name + "</extra>",
         )
 
 
-def _add_expected(fig: go.Figure, expected: pd.DataFrame, forecast: dict[str, Any] | None) -> None:
-    fig.add_trace(
-        go.Scatter(
-            x=expected["x"],
-            y=expected["upper"],
-            mode="lines",
-            line={"width": 0},
-            showlegend=False,
-            hoverinfo="skip",
-            legendgroup="expected",
-        ),
-        row=1,
-        col=1,
+def _add_expected(spec: _Spec, expected: pd.DataFrame, forecast: dict[str, Any] | None) -> None:
+    x = expected["x"].to_numpy()
+    spec.trace(
+        1,
+        x=x,
+        y=expected["upper"].to_numpy(dtype=float),
+        mode="lines",
+        line={"width": 0},
+        showlegend=False,
+        hoverinfo="skip",
+        legendgroup="expected",
     )
-    fig.add_trace(
-        go.Scatter(
-            x=expected["x"],
-            y=expected["lower"],
-            mode="lines",
-            line={"width": 0},
-            fill="tonexty",
-            fillcolor=BAND_FILL,
-            name="expected band (90%)",
-            hoverinfo="skip",
-            legendgroup="expected",
-        ),
-        row=1,
-        col=1,
+    spec.trace(
+        1,
+        x=x,
+        y=expected["lower"].to_numpy(dtype=float),
+        mode="lines",
+        line={"width": 0},
+        fill="tonexty",
+        fillcolor=BAND_FILL,
+        name="expected band (90%)",
+        hoverinfo="skip",
+        legendgroup="expected",
     )
-    fig.add_trace(
-        go.Scatter(
-            x=expected["x"],
-            y=expected["expected"],
-            mode="lines",
-            name="expected",
-            line={"color": EXPECTED_COLOR, "width": 1.5, "dash": "dash"},
-            legendgroup="expected",
-            hovertemplate="expected %{y:.4g}<extra></extra>",
-        ),
-        row=1,
-        col=1,
+    spec.trace(
+        1,
+        x=x,
+        y=expected["expected"].to_numpy(dtype=float),
+        mode="lines",
+        name="expected",
+        line={"color": EXPECTED_COLOR, "width": 1.5, "dash": "dash"},
+        legendgroup="expected",
+        hovertemplate="expected %{y:.4g}<extra></extra>",
     )
     if forecast is not None:
         lo, hi, mid = forecast["lower"], forecast["upper"], forecast["predicted"]
-        fig.add_trace(
-            go.Scatter(
-                x=[forecast["x"]],
-                y=[mid],
-                mode="markers",
-                name="forecast final",
-                marker={"color": FORECAST_COLOR, "size": 11, "symbol": "diamond"},
-                error_y={
-                    "type": "data",
-                    "symmetric": False,
-                    "array": [hi - mid],
-                    "arrayminus": [mid - lo],
-                    "color": FORECAST_COLOR,
-                    "thickness": 2,
-                },
-                hovertemplate=f"forecast {mid:.4g} ({lo:.4g} – {hi:.4g})<extra></extra>",
-            ),
-            row=1,
-            col=1,
+        spec.trace(
+            1,
+            x=[forecast["x"]],
+            y=[mid],
+            mode="markers",
+            name="forecast final",
+            marker={"color": FORECAST_COLOR, "size": 11, "symbol": "diamond"},
+            error_y={
+                "type": "data",
+                "symmetric": False,
+                "array": [hi - mid],
+                "arrayminus": [mid - lo],
+                "color": FORECAST_COLOR,
+                "thickness": 2,
+            },
+            hovertemplate=f"forecast {mid:.4g} ({lo:.4g} – {hi:.4g})<extra></extra>",
         )
 
 
 def _add_anomalies(
-    fig: go.Figure, rows: dict[str, int], frames: dict[str, pd.DataFrame], anomalies: pd.DataFrame
+    spec: _Spec, rows: dict[str, int], frames: dict[str, pd.DataFrame], anomalies: pd.DataFrame
 ) -> None:
     shown: set[str] = set()
     for rec in anomalies.itertuples(index=False):
@@ -236,44 +292,80 @@ def _add_anomalies(
         judged = getattr(rec, "state", "needs verdict") != "needs verdict"
         color = SEVERITY_COLOR.get(rec.severity, "#6b7280")
         if rec.x1 != rec.x0:
-            fig.add_vrect(
-                x0=rec.x0,
-                x1=rec.x1,
-                fillcolor=color,
-                opacity=0.06 if judged else 0.14,
-                line_width=0,
-                row=row,
-                col=1,
-            )
+            spec.span(row, rec.x0, rec.x1, fillcolor=color, opacity=0.06 if judged else 0.14)
         y = _value_at(frames[rec.metric], rec.x0)
         if not np.isfinite(y):
             y = _finite_top(frames[rec.metric])
-        fig.add_trace(
-            go.Scatter(
-                x=[rec.x0],
-                y=[y],
-                mode="markers",
-                customdata=[[int(rec.id)]],
-                name=f"{rec.severity} anomaly",
-                legendgroup=f"anomaly-{rec.severity}",
-                showlegend=rec.severity not in shown,
-                marker={
-                    "color": color,
-                    "size": 13,
-                    "symbol": SEVERITY_SYMBOL.get(rec.severity),
-                    "opacity": 0.35 if judged else 1.0,
-                    "line": {
-                        "width": 1.5,
-                        "color": "white" if rec.severity != "critical" else color,
-                    },
+        spec.trace(
+            row,
+            x=[rec.x0],
+            y=[y],
+            mode="markers",
+            customdata=[[int(rec.id)]],
+            name=f"{rec.severity} anomaly",
+            legendgroup=f"anomaly-{rec.severity}",
+            showlegend=rec.severity not in shown,
+            marker={
+                "color": color,
+                "size": 13,
+                "symbol": SEVERITY_SYMBOL.get(rec.severity),
+                "opacity": 0.35 if judged else 1.0,
+                "line": {
+                    "width": 1.5,
+                    "color": "white" if rec.severity != "critical" else color,
                 },
-                hovertext=[f"#{int(rec.id)} {rec.message}"],
-                hovertemplate="%{hovertext}<extra>" + rec.severity + "</extra>",
-            ),
-            row=row,
-            col=1,
+            },
+            hovertext=[f"#{int(rec.id)} {rec.message}"],
+            hovertemplate="%{hovertext}<extra>" + rec.severity + "</extra>",
         )
         shown.add(rec.severity)
+
+
+def _grid(titles: Sequence[str], spacing: float = 0.035) -> dict[str, Any]:
+    """Stacked panels on one shared x-axis, as ``make_subplots(shared_xaxes=True)`` lays
+    them out: the first row 42% of the height, the others sharing the rest, every x-axis
+    matching the bottom one (zoom one, zoom all), panel titles above each row."""
+    n = max(1, len(titles))
+    shares = [1.0] if n == 1 else [0.42] + [0.58 / (n - 1)] * (n - 1)
+    usable = 1.0 - spacing * (n - 1)
+    layout: dict[str, Any] = {"annotations": []}
+    top = 1.0
+    grid = {"showgrid": True, "gridcolor": "#eef0f3", "zeroline": False, "automargin": False}
+    for i, share in enumerate(shares, start=1):
+        bottom = max(0.0, top - usable * share)
+        x: dict[str, Any] = {
+            **grid,
+            "anchor": _axis("y", i),
+            "domain": [0.0, 1.0],
+            "showspikes": True,
+            "spikemode": "across",
+            "spikethickness": 1,
+            "spikecolor": "#9ca3af",
+        }
+        if i < n:
+            x.update(matches=_axis("x", n), showticklabels=False)
+        layout[f"xaxis{'' if i == 1 else i}"] = x
+        layout[f"yaxis{'' if i == 1 else i}"] = {
+            **grid,
+            "anchor": _axis("x", i),
+            "domain": [bottom, top],
+        }
+        if i <= len(titles):
+            layout["annotations"].append(
+                {
+                    "text": titles[i - 1],
+                    "x": 0.5,
+                    "xanchor": "center",
+                    "xref": "paper",
+                    "y": top,
+                    "yanchor": "bottom",
+                    "yref": "paper",
+                    "showarrow": False,
+                    "font": {"size": 16},
+                }
+            )
+        top = bottom - spacing
+    return layout
 
 
 def run_figure(
@@ -298,56 +390,97 @@ def run_figure(
     ``restarts`` are (x, label) drawn as vertical lines across every row.
     """
     n = max(1, len(panels))
-    heights = [1.0] if n == 1 else [0.42] + [0.58 / (n - 1)] * (n - 1)
-    fig = make_subplots(
-        rows=n,
-        cols=1,
-        shared_xaxes=True,
-        vertical_spacing=0.035,
-        row_heights=heights,
-        subplot_titles=[m for m, _ in panels] or None,
-    )
+    layout = _grid([m for m, _ in panels])
+    spec = _Spec()
     rows = {metric: i + 1 for i, (metric, _) in enumerate(panels)}
     frames = dict(panels)
     for i, (metric, frame) in enumerate(panels):
-        _add_series(fig, i + 1, metric, frame, PALETTE[i % len(PALETTE)], smoothed)
+        _add_series(spec, i + 1, metric, frame, PALETTE[i % len(PALETTE)], smoothed)
         if metric in log_y:
-            fig.update_yaxes(type="log", row=i + 1, col=1)
+            layout[f"yaxis{'' if i == 0 else i + 1}"]["type"] = "log"
     if expected is not None and len(expected):
-        _add_expected(fig, expected, forecast)
+        _add_expected(spec, expected, forecast)
     if anomalies is not None and len(anomalies):
-        _add_anomalies(fig, rows, frames, anomalies)
+        _add_anomalies(spec, rows, frames, anomalies)
     for x, label in restarts:
-        fig.add_vline(x=x, row="all", col=1, line={"color": "#111827", "width": 1.2, "dash": "dot"})
-        fig.add_annotation(
-            x=x,
-            y=1.0,
-            xref="x",
-            yref="y domain",
-            text=label,
-            showarrow=False,
-            xanchor="left",
-            yanchor="top",
-            font={"size": 11, "color": "#111827"},
-            bgcolor="rgba(255,255,255,0.8)",
+        for row in range(1, n + 1):
+            spec.shapes.append(
+                {
+                    "type": "line",
+                    "x0": x,
+                    "x1": x,
+                    "y0": 0,
+                    "y1": 1,
+                    "xref": _axis("x", row),
+                    "yref": _axis("y", row) + " domain",
+                    "line": {"color": "#111827", "width": 1.2, "dash": "dot"},
+                }
+            )
+        spec.annotations.append(
+            {
+                "x": x,
+                "y": 1.0,
+                "xref": "x",
+                "yref": "y domain",
+                "text": label,
+                "showarrow": False,
+                "xanchor": "left",
+                "yanchor": "top",
+                "font": {"size": 11, "color": "#111827"},
+                "bgcolor": "rgba(255,255,255,0.8)",
+            }
         )
     if highlight is not None:
-        fig.add_vrect(
-            x0=highlight[0],
-            x1=highlight[1],
-            row="all",
-            col=1,
-            fillcolor="#fde68a",
-            opacity=0.35,
-            line_width=0,
-            layer="below",
-        )
-    fig.update_xaxes(title_text=x_title, row=n, col=1)
+        for row in range(1, n + 1):
+            spec.span(
+                row, highlight[0], highlight[1], fillcolor="#fde68a", opacity=0.35, layer="below"
+            )
+    bottom = layout[f"xaxis{'' if n == 1 else n}"]
+    bottom["title"] = {"text": x_title}
     if log_x:
-        fig.update_xaxes(type="log")
-    base_layout(fig, height or (460 if n == 1 else 360 + 150 * (n - 1)))
-    fig.update_layout(hovermode="x unified", uirevision="run", dragmode="zoom")
+        for key in layout:
+            if key.startswith("xaxis"):
+                layout[key]["type"] = "log"
+    layout["annotations"] += spec.annotations
+    layout["shapes"] = spec.shapes
+    fig = go.Figure({"data": spec.traces, "layout": layout})
+    base_layout(fig, height or run_figure_height(n), axes=False)
+    fig.update_layout(
+        hovermode="x unified",
+        uirevision="run",
+        dragmode="zoom",
+        # Room for tick labels ("3.8M", "-0.25"), the two-row legend and the date ticks of
+        # the wall-time axis, fixed: automargin would draw the whole chart twice.
+        margin={"l": 64, "r": 16, "t": 84, "b": 64, "autoexpand": False},
+    )
     return fig
+
+
+def placeholder_figure(height: int, text: str) -> go.Figure:
+    """An empty chart of the final height, sent before the data is read.
+
+    The browser loads plotly.js (a 4.7 MB script Streamlit fetches only when the first chart
+    arrives) and reserves the chart's space while the server reads and fits; the real
+    figure then replaces it in place, without the page jumping.
+    """
+    fig = go.Figure()
+    fig.add_annotation(
+        text=text,
+        showarrow=False,
+        xref="paper",
+        yref="paper",
+        x=0.5,
+        y=0.6,
+        font={"size": 14, "color": "#6b7280"},
+    )
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return base_layout(fig, height)
+
+
+def run_figure_height(panels: int) -> int:
+    """The run chart's height in pixels: the loss panel tall, the others 150 px each."""
+    return 460 if panels <= 1 else 360 + 150 * (panels - 1)
 
 
 def anomaly_marks(anomalies: pd.DataFrame, to_x: Any) -> pd.DataFrame:

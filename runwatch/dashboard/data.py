@@ -32,7 +32,8 @@ MAX_POINTS = 4000
 """Points per trace on screen: dense enough to look continuous on a 4K monitor."""
 LIVE_TTL = 2.0
 FORECAST_TTL = 15.0
-FORECAST_POINTS = 4000
+FORECAST_POINTS = MAX_POINTS
+"""The fit reads what the loss panel draws (one cached read serves both)."""
 CURVE_SAMPLES = 300
 
 
@@ -76,6 +77,15 @@ def verdicts(db: str, anomaly_id: int) -> pd.DataFrame:
 
 
 @st.cache_data(ttl=LIVE_TTL, show_spinner=False, max_entries=512)
+def downsampled(
+    db: str, run: str, metric: str, start: int | None, end: int | None, max_points: int
+) -> pd.DataFrame:
+    """The live points of a window, min/max-downsampled: one read shared by the panels and
+    the forecast (the loss and LR panels read exactly what the fit reads)."""
+    return reader(db).read_series(run, metric, start=start, end=end, max_points=max_points)
+
+
+@st.cache_data(ttl=LIVE_TTL, show_spinner=False, max_entries=512)
 def series_view(
     db: str,
     run: str,
@@ -96,8 +106,7 @@ def series_view(
     faded for context.
     """
     store = reader(db)
-    live = store.read_series(run, metric, start=start, end=end, max_points=max_points)
-    live = live.assign(superseded=False)
+    live = downsampled(db, run, metric, start, end, max_points).assign(superseded=False)
     span = float(live["step"].iloc[-1] - live["step"].iloc[0]) if len(live) > 1 else 0.0
     per_point = max(1.0, span / max(len(live) - 1, 1))
     weight = smoothing**per_point if smoothing > 0 else 0.0
@@ -132,12 +141,12 @@ def loss_forecast(db: str, run: str, metric: str) -> dict[str, Any] | None:
     None when there is too little data to fit.
     """
     store = reader(db)
-    series = store.read_series(run, metric, max_points=FORECAST_POINTS)
+    series = downsampled(db, run, metric, None, None, FORECAST_POINTS)
     if series.empty:
         return None
     lr = None
     for name in ("lr", "learning_rate"):
-        lr = store.read_series(run, name, max_points=FORECAST_POINTS)
+        lr = downsampled(db, run, name, None, None, FORECAST_POINTS)
         if len(lr):
             break
     last = int(series["step"].max())

@@ -127,3 +127,46 @@ def test_scaling_figure_draws_runs_and_the_fitted_law() -> None:
     assert set(kinds) == {"final loss", "forecast loss", "fit: L = 10·C^(-0.050)"}
     assert list(kinds["forecast loss"].error_y.array) == pytest.approx([0.1])
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
+
+
+def test_redone_steps_of_two_earlier_attempts_are_separate_lines() -> None:
+    """Attempts 1 and 2 both redid steps 150..; joining them would draw a false zigzag."""
+    live = _frame()
+    first = live[live["step"] >= 150].assign(superseded=True, attempt=1)
+    second = live[live["step"].between(170, 180)].assign(superseded=True, attempt=2)
+    frame = pd.concat([live.assign(attempt=3), first, second], ignore_index=True)
+    frame = frame.sort_values(["step", "attempt"], kind="stable")  # as the store returns them
+    fig = run_figure([("loss", frame)])
+    (redone,) = [t for t in fig.data if t.name == "redone steps (lost work)"]
+    assert redone.mode == "lines" and redone.connectgaps is False
+    x, y = np.asarray(redone.x), np.asarray(redone.y, dtype=float)
+    gaps = np.flatnonzero(np.isnan(y))  # the frame's own NaN (step 51) is not a redone step
+    assert len(gaps) == 1  # one break, between the two attempts
+    assert list(x[: gaps[0]]) == first["step"].tolist()
+    assert list(x[gaps[0] + 1 :]) == second["step"].tolist()
+
+
+def test_restarts_and_the_highlight_span_every_panel() -> None:
+    fig = run_figure(
+        [("loss", _frame()), ("grad_norm", _frame()), ("lr", _frame())],
+        restarts=[(150, "restart #2")],
+        highlight=(10, 20),
+    )
+    shapes = fig.to_dict()["layout"]["shapes"]
+    lines = [s for s in shapes if s["type"] == "line"]
+    spans = [s for s in shapes if s["type"] == "rect"]
+    assert sorted(s["yref"] for s in lines) == ["y domain", "y2 domain", "y3 domain"]
+    assert all(s["x0"] == s["x1"] == 150 for s in lines)
+    assert sorted(s["xref"] for s in spans) == ["x", "x2", "x3"]
+    assert all((s["x0"], s["x1"]) == (10, 20) for s in spans)
+
+
+def test_panels_share_one_x_axis_and_only_the_bottom_one_has_tick_labels() -> None:
+    fig = run_figure([("loss", _frame()), ("grad_norm", _frame())], x_title="tokens")
+    layout = fig.to_dict()["layout"]
+    assert layout["xaxis"]["showticklabels"] is False
+    assert layout["xaxis2"].get("showticklabels", True) is True
+    assert layout["xaxis2"]["title"]["text"] == "tokens"
+    top, bottom = layout["yaxis"]["domain"], layout["yaxis2"]["domain"]
+    assert bottom[1] < top[0]  # stacked, not overlapping
+    assert [t.yaxis for t in fig.data if t.name in ("loss", "grad_norm")] == ["y", "y2"]

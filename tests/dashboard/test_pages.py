@@ -150,3 +150,36 @@ def test_compare_overlays_runs_and_fits_the_scaling_law(siblings_db, monkeypatch
     _no_traceback(at)
     overlay = _figures(at)[0]
     assert _arr(overlay["data"][0]["x"]).max() == 300 * 65536
+
+
+def test_redone_steps_come_from_every_earlier_attempt_and_nothing_else(
+    tmp_path, monkeypatch
+) -> None:
+    """Two crashes: attempt 1 redone from step 201, attempt 2 from 231. The panel's redone
+    points must be exactly the store's superseded points (read another way, all attempts)."""
+    from runwatch.dashboard import data
+
+    db = tmp_path / "restarts.db"
+    with open_store(db) as store:
+        run_id, attempt = store.start_run("r", now=0.0)
+        sid = store.series_id(run_id, "loss")
+
+        def write(lo: int, hi: int, att: int) -> None:
+            s = np.arange(lo, hi + 1)
+            store.write(run_id, att, {sid: (s, s * 1.0, 10.0 * att + s / 1000)})
+
+        write(1, 300, attempt)
+        attempt = store.begin_attempt(run_id, 201, "restart", now=400.0)
+        write(201, 250, attempt)
+        attempt = store.begin_attempt(run_id, 231, "restart", now=500.0)
+        write(231, 400, attempt)
+        everything = store.read_series("r", "loss", all_attempts=True)
+    monkeypatch.setenv(DB_ENV, str(db))
+    view = data.series_view(str(db), "r", "loss", None, None, 0.0, 10_000)
+    redone = view[view["superseded"]].sort_values(["attempt", "step"])
+    expected = everything[everything["superseded"]].sort_values(["attempt", "step"])
+    assert redone[["attempt", "step", "value"]].values.tolist() == (
+        expected[["attempt", "step", "value"]].values.tolist()
+    )
+    assert set(redone["attempt"]) == {1, 2} and len(redone) == 100 + 20
+    assert view.loc[~view["superseded"], "attempt"].eq(3).sum() == 400 - 230

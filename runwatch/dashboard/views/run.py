@@ -8,7 +8,12 @@ import pandas as pd
 import streamlit as st
 
 from runwatch.dashboard import data, shaping, ui
-from runwatch.dashboard.charts import anomaly_marks, run_figure
+from runwatch.dashboard.charts import (
+    anomaly_marks,
+    placeholder_figure,
+    run_figure,
+    run_figure_height,
+)
 
 PANEL_ROLES = ("loss", "grad_norm", "lr", "throughput", "step_time")
 
@@ -102,6 +107,15 @@ def headline() -> None:
 @st.fragment(run_every=live_every)
 def chart() -> None:
     start, end = _window()
+    slot = st.empty()
+    if "run_chart" not in st.session_state:
+        # First draw in this tab: an empty chart goes out before the reads and the fit, so
+        # the browser fetches plotly.js meanwhile (reruns keep the drawn chart instead). Its
+        # config is the real chart's: a config change makes plotly redraw from scratch.
+        slot.plotly_chart(
+            placeholder_figure(run_figure_height(len(panel_metrics)), "reading the run…"),
+            width="stretch",
+        )
     with ui.guarded(db):
         frames = {m: data.series_view(db, run, m, start, end, smoothing) for m in panel_metrics}
         ref = frames[panel_metrics[0]]
@@ -146,7 +160,7 @@ def chart() -> None:
         x_title={"step": "step", "wall time": "wall time (UTC)", "tokens": "tokens"}[axis],
     )
     points = max((len(f) for f in frames.values()), default=0)
-    event = st.plotly_chart(
+    event = slot.plotly_chart(
         fig, key="run_chart", on_select="rerun", selection_mode="points", width="stretch"
     )
     st.caption(
@@ -174,8 +188,13 @@ def _show_anomaly(anomaly_id: int, anomalies: pd.DataFrame) -> None:
             st.switch_page("views/anomalies.py")
 
 
-headline()
-chart()
+# The chart is computed first and the headline (whose forecast the chart has then already
+# cached) is filled in above it: the figure, the slow part to draw, leaves the server sooner.
+top = st.container()
+with st.container():
+    chart()
+with top:
+    headline()
 
 with ui.guarded(db):
     anomalies = data.anomalies(db, run)
