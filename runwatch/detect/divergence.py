@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
-from runwatch.detect.base import Detector, Signal, check_choice, check_number
+from runwatch.detect.base import Detector, Signal, check_choice, check_number, guarded
 
 
 class Divergence(Detector):
@@ -145,6 +146,12 @@ class Divergence(Detector):
             self._flagged = 0
             self._learn(self._ema)
             return None
+        return self._rising(value, ref, rise, need, sigma)
+
+    def _rising(
+        self, value: float, ref: float, rise: float, need: float, sigma: float
+    ) -> Signal | None:
+        """The smoothed value is above the reference by more than ``need``."""
         self._over += 1
         if self._over < self.patience:
             return None
@@ -156,6 +163,78 @@ class Divergence(Detector):
             self._cur_sum, self._cur_n = self._ema, 1
             self._flagged = 0
         return self._signal(value, ref, rise, need, sigma)
+
+    def update_many(
+        self,
+        steps: Sequence[int],
+        values: Sequence[float],
+        on_error: Callable[[int], None] | None = None,
+    ) -> list[tuple[int, Signal]]:
+        """``update`` point by point, with the smoothing and the quiet test inlined.
+
+        The same arithmetic as ``update`` in the same order, on local copies of the state;
+        a rising point goes through ``_rising`` and the rare cases (the first point, the
+        end of log space) through ``update`` itself, so the result is exactly the same.
+        """
+        out: list[tuple[int, Signal]] = []
+        alpha, ema_sd, warmup = self._alpha, self._ema_sd, self.warmup
+        thr, mw, block, ref_blocks = self.threshold, self.median_window, self.block, self.ref_blocks
+        log, isfinite, isnan, inf = math.log, math.isfinite, math.isnan, math.inf
+        st = _DivState(self)
+        for i, value in enumerate(values):
+            if not isfinite(value):
+                continue  # update ignores it
+            if st.n == 0 or (st.lg and value <= 0):
+                st.store(self)
+                sig = guarded(self.update, steps[i], value, i, on_error)
+                if sig is not None:
+                    out.append((i, sig))
+                st = _DivState(self)
+                continue
+            x = log(value) if st.lg else value
+            st.n += 1
+            d = abs(x - st.prev)
+            st.prev = x
+            a = st.absdiff
+            st.absdiff = a = d if isnan(a) else a + 0.01 * (min(d, 5.0 * a + 1e-12) - a)
+            sigma = 0.886 * a
+            recent = st.recent
+            recent.append(x)
+            if len(recent) > mw:
+                del recent[0]
+            srt = sorted(recent)
+            ema = st.ema = st.ema + alpha * (srt[len(srt) // 2] - st.ema)
+            if st.n <= warmup:
+                continue
+            blocks = st.blocks
+            ref = st.bmin if blocks else (st.cur_sum / st.cur_n if st.cur_n else inf)
+            rise = ema - ref if isfinite(ref) else 0.0
+            need = max(thr * sigma * ema_sd, st.min_rise)
+            if rise <= need:
+                st.over = 0
+                st.flagged = 0
+                st.cur_sum += ema
+                st.cur_n += 1
+                if st.cur_n >= block:
+                    blocks.append(st.cur_sum / st.cur_n)
+                    if len(blocks) > ref_blocks:
+                        del blocks[0]
+                    st.cur_sum, st.cur_n = 0.0, 0
+                    st.bmin = min(blocks)
+                continue
+            st.store(self)
+            try:
+                sig = self._rising(value, ref, rise, need, sigma)
+            except Exception:  # pragma: no cover - the Monitor's guard, as in update
+                if on_error is None:
+                    raise
+                on_error(i)
+                sig = None
+            if sig is not None:
+                out.append((i, sig))
+            st = _DivState(self)
+        st.store(self)
+        return out
 
     def _reset_state_linear(self) -> None:
         self._n = 0
@@ -196,3 +275,37 @@ class Divergence(Detector):
             msg,
             {"rise_ratio": ratio, "smoothed": smoothed, "points_rising": self._over},
         )
+
+
+class _DivState:
+    """Divergence's changing state as plain attributes, for the inlined batch loop."""
+
+    __slots__ = (
+        "absdiff",
+        "blocks",
+        "bmin",
+        "cur_n",
+        "cur_sum",
+        "ema",
+        "flagged",
+        "lg",
+        "min_rise",
+        "n",
+        "over",
+        "prev",
+        "recent",
+    )
+
+    def __init__(self, d: Divergence) -> None:
+        self.lg = d._log
+        self.min_rise = d.min_rise if d._log else 0.0
+        self.n, self.ema, self.prev, self.absdiff = d._n, d._ema, d._prev, d._absdiff
+        self.recent, self.blocks = d._recent, d._blocks
+        self.bmin = min(d._blocks) if d._blocks else math.inf
+        self.cur_sum, self.cur_n = d._cur_sum, d._cur_n
+        self.over, self.flagged = d._over, d._flagged
+
+    def store(self, d: Divergence) -> None:
+        d._n, d._ema, d._prev, d._absdiff = self.n, self.ema, self.prev, self.absdiff
+        d._cur_sum, d._cur_n = self.cur_sum, self.cur_n
+        d._over, d._flagged = self.over, self.flagged

@@ -146,6 +146,10 @@ class Spike(Detector):
         if not math.isfinite(value):
             return None
         self._score.update(value)
+        return self._judge(step, value)
+
+    def _judge(self, step: int, value: float) -> Signal | None:
+        """``update`` after the spike score has counted the (finite) value."""
         if self._log and value <= 0:
             if self.space == "log":
                 return None  # a log-space detector cannot judge a non-positive value
@@ -201,42 +205,47 @@ class Spike(Detector):
         (or be non-finite, or end log space), and that point goes through ``update``.
         """
         out: list[tuple[int, Signal]] = []
-        n = len(values)
+        vals = np.asarray(values, dtype=float)
+        n = vals.size
+        finite = np.isfinite(vals)
+        # The spike score sees every finite value whatever the detector decides: count
+        # them all at once; the points below then skip it (``_judge``, not ``update``).
+        self._score.update_many(vals[finite])
+        ok = finite & (vals > 0)
+        logs = np.full(n, math.nan)
+        logs[ok] = list(map(math.log, vals[ok].tolist()))  # math.log, as update takes it
         vectorise = self.min_points < self.window  # else the scale is redone every point
         i = 0
         chunk = 256
         while i < n:
             if vectorise and not self._run and len(self._buf) >= self.min_points:
                 stop = min(n, i + chunk)
-                j = self._quiet_stretch(values, i, stop)
+                j = self._quiet_stretch(vals, logs, i, stop)
                 chunk = min(chunk * 2, 8192) if j == stop else 256
                 i = j
                 if i >= n:
                     break
-            sig = guarded(self.update, steps[i], values[i], i, on_error)
-            if sig is not None:
-                out.append((i, sig))
+            if finite[i]:
+                sig = guarded(self._judge, steps[i], values[i], i, on_error)
+                if sig is not None:
+                    out.append((i, sig))
             i += 1
         return out
 
-    def _quiet_stretch(self, values: Sequence[float], a: int, b: int) -> int:
-        """Learn values[a:b] as ``update`` would while none is flagged; return where that
-        stops (the first point that needs ``update``), with the state moved up to it."""
-        vals = np.asarray(values[a:b], dtype=float)
-        bad = ~np.isfinite(vals)
+    def _quiet_stretch(self, vals: np.ndarray, logs: np.ndarray, a: int, b: int) -> int:
+        """Learn points a..b-1 as ``update`` would while none is flagged; return where that
+        stops (the first point that needs ``_judge``), with the state moved up to it."""
+        seg = vals[a:b]
+        bad = ~np.isfinite(seg)
         if self._log:
-            bad |= vals <= 0
-        if bad.any():
-            vals = vals[: int(np.argmax(bad))]
-        k = vals.size
+            bad |= seg <= 0
+        k = int(np.argmax(bad)) if bad.any() else seg.size
         if k == 0:
             return a
-        raw = values[a : a + k]
-        x = list(map(math.log, raw)) if self._log else [float(v) for v in raw]
+        x = logs[a : a + k] if self._log else seg[:k]
         buf = self._buf
         m = len(buf)
-        z_all = np.array(buf + x)
-        xs = z_all[m:]
+        z_all = np.concatenate((np.asarray(buf, dtype=float), x))
         cw = self.center_window
         win = np.sort(sliding_window_view(z_all[m - cw : m + k - 1], cw), axis=1)
         h = cw // 2
@@ -247,12 +256,11 @@ class Spike(Detector):
         scales = [self._scale, *_scales(z_all, m + rec + 1, self.window)]
         before = np.searchsorted(rec, np.arange(k), side="left")  # recomputes before j
         scale = np.maximum(np.array(scales)[before], 1e-12)
-        dev = xs - center
+        dev = x - center
         z = dev / scale
         hit = ~((z < self.threshold) | (dev < self.min_delta))
         c = int(np.argmax(hit)) if hit.any() else k
         # Move the state to just before point c: points a .. a+c-1 were learned.
-        self._score.update_many(raw[:c])
         self._buf = z_all[max(0, m + c - self.window) : m + c].tolist()
         self._since_scale = (self._since_scale + c) % 8
         self._scale = scales[int(np.searchsorted(rec, c, side="left"))]

@@ -100,7 +100,7 @@ class SpikeScore:
         if v.size == 0:
             return 0
         if not np.all(np.isfinite(v)) or np.any(np.abs(v) > 1e100):
-            return sum(self.update(x) for x in values)
+            return sum(self.update(x) for x in v.tolist())
         w = self.window
         ring = self._ring
         chrono = ring[self._pos :] + ring[: self._pos] if len(ring) == w else list(ring)
