@@ -89,13 +89,27 @@ class Detector:
         ``on_error`` the exception propagates). This default is that loop; a detector may
         override it with a vectorised path for its quiet stretches.
         """
-        out = []
+        if len(steps) != len(values):
+            raise ValueError(f"steps and values differ in length: {len(steps)} != {len(values)}")
+        out: list[tuple[int, Signal]] = []
         upd = self.update
-        for i, (step, value) in enumerate(zip(steps, values, strict=True)):
-            sig = upd(step, value) if on_error is None else guarded(upd, step, value, i, on_error)
-            if sig is not None:
-                out.append((i, sig))
-        return out
+        n = len(values)
+        start = 0
+        k = 0
+        while True:
+            # One try around the loop, not one call per point: a raising point is rare.
+            try:
+                for k in range(start, n):
+                    sig = upd(steps[k], values[k])
+                    if sig is not None:
+                        out.append((k, sig))
+            except Exception:
+                if on_error is None:
+                    raise
+                on_error(k)
+                start = k + 1
+                continue
+            return out
 
     def rewind(self, step: int) -> None:
         """The run went back to ``step`` (restart/resume): tolerate repeated steps.

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from runwatch.detect.base import Detector, Signal, check_number, guarded
 
 
@@ -119,8 +121,14 @@ class Regression(Detector):
         srt = sorted(self._buf)
         n = len(srt)
         med = srt[n // 2] if n % 2 else 0.5 * (srt[n // 2 - 1] + srt[n // 2])
-        dev = sorted([abs(v - med) for v in srt])
-        mad = dev[n // 2] if n % 2 else 0.5 * (dev[n // 2 - 1] + dev[n // 2])
+        # The same |v - med| values, their middle order statistics picked by numpy.
+        dev = np.abs(np.array(srt) - med)
+        h = n // 2
+        if n % 2:
+            mad = float(np.partition(dev, h)[h])
+        else:
+            part = np.partition(dev, (h - 1, h))
+            mad = 0.5 * (float(part[h - 1]) + float(part[h]))
         self._center = med
         self._scale = max(1.4826 * mad, self.min_scale)
 
