@@ -1,13 +1,16 @@
-"""Batch replay: the Monitor's own per-point code, run series by series.
+"""Batch replay: each series' detectors run over the whole series at once.
 
 Replay (``analyze_frame``) feeds points sorted by step, so within a series steps never go
 back and a restart can never rewind a detector: series are then independent except for
 the precursor links between grad-norm and loss spikes and the order of the anomaly list.
-This module runs each series in one tight loop through ``Monitor._feed`` (the very code
-live watching runs), checks non-finite values with numpy (most points are finite, and a
-series of role "other" needs nothing else), replays the precursor links in row order
-afterwards, and orders the anomalies by the row that opened them - so the result is the
-one streaming gives (``tests/detect/test_replay.py`` checks that equality).
+This module gives each detector of a series all its points through
+``Detector.update_many`` (exactly ``update`` point by point; Spike, Regression and
+Divergence do their quiet stretches faster, the others loop over ``update``), builds the
+episodes from the signals with the Monitor's own ``_handle``, checks non-finite values
+with numpy (most points are finite, and a series of role "other" needs nothing else),
+replays the precursor links in row order afterwards, and orders the anomalies by the row
+that opened them - so the result is the one streaming gives (``tests/detect/
+test_replay.py`` checks that equality on real runs, ``test_batch.py`` per detector).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from runwatch.detect import DETECTORS, Detector, Monitor, Spike, analyze_frame
 from runwatch.detect.deviation import CurveDeviation
 from runwatch.detect.spikescore import SpikeScore
 
-from .conftest import canon, loss_curve
+from .conftest import canon, loss_curve, real_run, real_run_names
 
 
 def curves() -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -102,3 +102,13 @@ def test_a_detector_error_counts_the_same_in_batch_and_streaming(monkeypatch):
     assert canon(a) == canon(b)
     assert fast.health == slow.health
     assert fast.health["detector_errors"] == 6
+
+
+@pytest.mark.parametrize("run", real_run_names() or ["(no data)"])
+def test_batch_replay_equals_streaming_on_every_real_run(run):
+    df = real_run(run)
+    fast, slow = Monitor(), Monitor()
+    a = analyze_frame(df, monitor=fast)
+    b = analyze_frame(df, monitor=slow, fast=False)
+    assert canon(a) == canon(b)
+    assert fast.health == slow.health
