@@ -12,4 +12,10 @@ from pathlib import Path
 APP_PATH = Path(__file__).with_name("app.py")
 DB_ENV = "RUNWATCH_DASHBOARD_DB"
 
-__all__ = ["APP_PATH", "DB_ENV"]
+
+def app_icon() -> str:
+    """The page icon (one place: the app sets it, the server warms Streamlit up for it)."""
+    return "📈"
+
+
+__all__ = ["APP_PATH", "DB_ENV", "app_icon"]

@@ -47,3 +47,10 @@ def test_a_busy_port_is_a_one_line_error_with_exit_code_2() -> None:
         )
     assert out.returncode == 2
     assert "pass another --port" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_warm_up_builds_the_run_chart_once_before_serving() -> None:
+    """``runwatch dashboard`` calls it before listening; a failure here would stop the server."""
+    from runwatch.dashboard.server import warm_up
+
+    assert warm_up() >= 0.0
