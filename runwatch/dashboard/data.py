@@ -144,6 +144,9 @@ def loss_forecast(db: str, run: str, metric: str) -> dict[str, Any] | None:
     series = downsampled(db, run, metric, None, None, FORECAST_POINTS)
     if series.empty:
         return None
+    stored = _stored_forecast(store, run, metric, series)
+    if stored is not None:
+        return stored
     lr = None
     for name in ("lr", "learning_rate"):
         lr = downsampled(db, run, name, None, None, FORECAST_POINTS)
@@ -181,6 +184,59 @@ def loss_forecast(db: str, run: str, metric: str) -> dict[str, Any] | None:
         "band_now": (float(now_lower[0]), float(now_upper[0])),
         "curve": curve,
     }
+
+
+def _stored_forecast(
+    store: Store, run: str, metric: str, series: pd.DataFrame
+) -> dict[str, Any] | None:
+    """The forecast from the expected curve ``runwatch analyze`` stored, when it was fitted
+    on every step the run has now (None otherwise: the page then fits, ~0.3 s).
+
+    Its final value and band are the curve's at the final step; the ETA comes from the
+    pace of the run's latest steps.
+    """
+    meta, curve = store.expected_curve(run, metric)
+    last = int(series["step"].max())
+    if curve.empty or meta.get("upto") is None or int(meta["upto"]) < last:
+        return None
+    curve = curve.sort_values("step").reset_index(drop=True)
+    steps = curve["step"].to_numpy(dtype=float)
+    final = int(meta["final_step"])
+
+    def at(step: float) -> tuple[float, float, float]:
+        return tuple(  # type: ignore[return-value]
+            float(np.interp(step, steps, curve[c].to_numpy(dtype=float)))
+            for c in ("expected", "lower", "upper")
+        )
+
+    predicted, lower, upper = at(final)
+    now_mean, now_lower, now_upper = at(last)
+    return {
+        "model": meta["model"],
+        "predicted": predicted,
+        "lower": lower,
+        "upper": upper,
+        "eta_seconds": _eta_seconds(series, final),
+        "final_step": final,
+        "last_step": last,
+        "fit_from": int(FIT_FROM * last),
+        "expected_now": now_mean,
+        "band_now": (now_lower, now_upper),
+        "curve": curve[["step", "expected", "lower", "upper"]],
+    }
+
+
+def _eta_seconds(series: pd.DataFrame, final: int) -> float | None:
+    """Seconds to ``final`` at the pace of the latest tenth of the run's points."""
+    tail = series.iloc[-max(2, len(series) // 10) :]
+    steps = float(tail["step"].iloc[-1] - tail["step"].iloc[0])
+    seconds = float(tail["time"].iloc[-1] - tail["time"].iloc[0])
+    last = float(series["step"].iloc[-1])
+    if final <= last:
+        return 0.0
+    if steps <= 0 or seconds <= 0:
+        return None
+    return (final - last) * seconds / steps
 
 
 def save_verdict(db: str, anomaly_id: int, verdict: str, note: str, author: str | None) -> int:

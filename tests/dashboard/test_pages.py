@@ -183,3 +183,41 @@ def test_redone_steps_come_from_every_earlier_attempt_and_nothing_else(
     )
     assert set(redone["attempt"]) == {1, 2} and len(redone) == 100 + 20
     assert view.loc[~view["superseded"], "attempt"].eq(3).sum() == 400 - 230
+
+
+def test_forecast_uses_the_stored_expected_curve_until_the_run_outgrows_it(
+    tmp_path, monkeypatch
+) -> None:
+    """After ``runwatch analyze`` the page reads the stored curve instead of fitting; once
+    the run has steps the curve was not fitted on, the page fits again."""
+    from runwatch.analysis import forecast_run
+    from runwatch.dashboard import data
+
+    from .conftest import write_run
+
+    db = tmp_path / "analyzed.db"
+    write_run(db, "a", 3000, {"steps": 4000, "params": 1e7})
+    with open_store(db) as store:
+        stored = forecast_run(store, "a", "loss")
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("fitted although a fresh expected curve is stored")
+
+    monkeypatch.setattr(data, "forecast", no_fit)
+    fc = data.loss_forecast(str(db), "a", "loss")
+    assert fc is not None and fc["model"] == stored.model
+    assert fc["final_step"] == 4000 and fc["last_step"] == 3000
+    assert fc["predicted"] == pytest.approx(stored.predicted, rel=1e-3)
+    assert fc["lower"] < fc["predicted"] < fc["upper"]
+    assert fc["eta_seconds"] == pytest.approx(1000 * 0.5, rel=0.01)  # 0.5 s per step
+
+    with open_store(db) as store:  # the run goes on past the stored fit
+        run_id = store.run_id("a")
+        s = np.arange(3001, 3101)
+        store.write(
+            run_id, 1, {store.series_id(run_id, "loss"): (s, 1000.0 + s * 0.5, 2.5 + 0 * s)}
+        )
+    data.downsampled.clear()
+    data.loss_forecast.clear()
+    with pytest.raises(AssertionError, match="fitted although"):
+        data.loss_forecast(str(db), "a", "loss")
