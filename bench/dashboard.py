@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import statistics
 import subprocess
@@ -284,7 +285,13 @@ def main() -> int:
         ("NaN on screen", "yes" if nan else "no", "kept", nan),
     ]
     if not args.no_browser and Path(CHROMIUM).exists():
+        load_before = os.getloadavg()[0]
         drawn, shell, peak = browser(str(db), args.repeat)
+        print(
+            f"machine: {os.cpu_count()} cores, 1-min load average {load_before:.1f} before and "
+            f"{os.getloadavg()[0]:.1f} after the {args.repeat} cold visits per page (other "
+            "processes share these cores: compare against the anchor)"
+        )
         rows += [
             (
                 "Run page drawn in Chromium (goto -> all panels)",

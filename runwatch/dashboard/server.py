@@ -129,6 +129,13 @@ def warm_up() -> float:
     from runwatch.dashboard.charts import placeholder_figure, run_figure
 
     is_emoji(app_icon())
+    # Streamlit's first element of the process checks once whether it runs in a REPL, with
+    # inspect.stack() from deep in the script thread (~0.1 s). `streamlit run` is not a
+    # REPL, so mark that check as done (a no-op if a Streamlit release renames the flag).
+    from streamlit import delta_generator
+
+    if hasattr(delta_generator, "_use_warning_has_been_displayed"):
+        delta_generator._use_warning_has_been_displayed = True
     steps = np.arange(1, 65)
     frame = pd.DataFrame(
         {"step": steps, "time": steps * 1.0, "value": 1.0 / steps, "superseded": False}
