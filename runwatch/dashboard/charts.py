@@ -451,7 +451,10 @@ def run_figure(
         dragmode="zoom",
         # Room for tick labels ("3.8M", "-0.25"), the two-row legend and the date ticks of
         # the wall-time axis, fixed: automargin would draw the whole chart twice.
-        margin={"l": 64, "r": 16, "t": 84, "b": 64, "autoexpand": False},
+        margin={"l": 64, "r": 16, "t": 100, "b": 64, "autoexpand": False},
+        # From the figure's top edge down (up to three rows), clear of the loss panel's
+        # title: with fixed margins nothing pushes the panels down to make room.
+        legend={"yref": "container", "y": 1.0, "yanchor": "top"},
     )
     return fig
 
