@@ -68,6 +68,22 @@ def _loss_metrics(points: pd.DataFrame, roles: Mapping[str, str]) -> list[str]:
     return [m for m in points["metric"].unique() if role_of(m, roles) == "loss"]
 
 
+def default_loss_metric(store: Store, run: str) -> str:
+    """The metric to forecast when none is named: ``loss``, else ``train_loss``, else the
+    first (by name) metric whose role is loss, as most runs log one training loss."""
+    known = sorted(store.series(run)["metric"].unique())
+    losses = [m for m in known if role_of(m) == "loss"]
+    for name in ("loss", "train_loss"):
+        if name in losses:
+            return name
+    if not losses:
+        raise ValueError(
+            f"run {run!r} has no loss metric to forecast; name one with --metric "
+            f"(it has: {', '.join(known) or 'no metrics'})"
+        )
+    return losses[0]
+
+
 def planned_final_step(store: Store, run: str) -> int | None:
     """The run's planned last step, read from its config (total_steps, max_steps, ...)."""
     runs = store.runs()

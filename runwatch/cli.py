@@ -140,7 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _db_arg(fc)
     fc.add_argument("--run", required=True, metavar="NAME")
-    fc.add_argument("--metric", required=True, metavar="M")
+    fc.add_argument(
+        "--metric",
+        metavar="M",
+        help="metric to forecast (default: loss, else train_loss, else the first metric "
+        "named like a loss)",
+    )
     fc.add_argument("--upto", type=int, metavar="STEP", help="fit on steps <= STEP (default: all)")
     fc.add_argument(
         "--final-step",

@@ -73,18 +73,19 @@ def anomaly_table(episodes: Sequence[Anomaly]) -> str:
 
 
 def cmd_forecast(args: argparse.Namespace, store: Any) -> int:
-    from runwatch.analysis import forecast_json, forecast_run
+    from runwatch.analysis import default_loss_metric, forecast_json, forecast_run
 
     store.run_id(args.run)
-    result = forecast_run(store, args.run, args.metric, upto=args.upto, final_step=args.final_step)
-    payload = forecast_json(args.run, args.metric, result)
+    metric = args.metric or default_loss_metric(store, args.run)
+    result = forecast_run(store, args.run, metric, upto=args.upto, final_step=args.final_step)
+    payload = forecast_json(args.run, metric, result)
     if args.format == "json":
         print(json.dumps({k: plain(v) for k, v in payload.items()}))
         return EXIT_OK
     eta = result.eta_seconds
     eta_text = "unknown (no wall times)" if eta is None else duration(eta)
     print(
-        f"{args.metric} of run {args.run!r}, fitted on steps <= {result.upto} ({result.model}):\n"
+        f"{metric} of run {args.run!r}, fitted on steps <= {result.upto} ({result.model}):\n"
         f"  at step {result.final_step}: {result.predicted:.4g} "
         f"(90% band {result.lower:.4g} .. {result.upper:.4g})\n"
         f"  ETA to step {result.final_step}: {eta_text}"

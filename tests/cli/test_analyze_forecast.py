@@ -188,3 +188,20 @@ def test_analyze_names_the_slow_rank_of_an_imported_fleet(tmp_path, db_path, cap
     assert accused == {5}
     (row,) = [r for r in found if "straggler" in r["detector"]]
     assert row["labels"]["host"] == "node0" and row["start_step"] >= 100
+
+
+def test_forecast_without_metric_forecasts_the_runs_loss(db_path, capsys):
+    with runwatch.init(name="r", store=db_path, monitor=False) as run:
+        for step in range(1, 2001):
+            loss = 2.0 + 8.0 * (step + 20.0) ** -0.4
+            run.log({"val_loss": loss + 0.1, "train_loss": loss, "grad_norm": 1.0}, step=step)
+    assert main(["forecast", "--db", str(db_path), "--run", "r", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["metric"] == "train_loss"
+
+
+def test_forecast_without_metric_on_a_run_with_no_loss_names_what_it_has(db_path, capsys):
+    with runwatch.init(name="r", store=db_path, monitor=False) as run:
+        run.log({"accuracy": 0.5, "grad_norm": 1.0}, step=1)
+    assert main(["forecast", "--db", str(db_path), "--run", "r"]) == 2
+    err = capsys.readouterr().err
+    assert "no loss metric" in err and "accuracy, grad_norm" in err
