@@ -73,12 +73,6 @@ class RankMap:
         ordered = sorted({(str(h), int(g)) for h, g in pairs})
         return cls({pair: i for i, pair in enumerate(ordered)})
 
-    @classmethod
-    def from_series(cls, series: pd.DataFrame) -> RankMap:
-        """From a run's series catalogue (``Store.series``): rows with rank, host and gpu."""
-        rows = series.dropna(subset=["rank", "host", "gpu"])
-        return cls({(str(r.host), int(r.gpu)): int(r.rank) for r in rows.itertuples()})
-
     def rank(self, host: str, gpu: int) -> int | None:
         return self.ranks.get((str(host), int(gpu)))
 

@@ -34,10 +34,6 @@ class ImportSummary:
     points: dict[str, int] = field(default_factory=dict)
     series: dict[str, set[tuple[object, ...]]] = field(default_factory=dict)
 
-    @property
-    def total_points(self) -> int:
-        return sum(self.points.values())
-
 
 def import_long_format(
     store: Store,
