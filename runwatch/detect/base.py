@@ -18,11 +18,23 @@ from dataclasses import dataclass, field
 from operator import sub as _sub
 from typing import Any, ClassVar
 
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
 from runwatch.model import SEVERITIES
 
 log = logging.getLogger("runwatch.detect")
 
-__all__ = ["Detector", "Signal", "check_choice", "check_number", "guarded", "robust_scale"]
+__all__ = [
+    "Detector",
+    "Signal",
+    "check_choice",
+    "check_number",
+    "guarded",
+    "robust_scale",
+    "robust_scales",
+    "running_medians",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,3 +213,48 @@ def robust_scale(values: list[float]) -> float:
         nonzero = next((d for d in diffs if d > 0.0), 0.0)
         scale = 0.5 * nonzero
     return scale
+
+
+def robust_scales(z: np.ndarray, ends: np.ndarray, window: int) -> list[float]:
+    """``robust_scale`` of ``z[max(0, e - window):e]`` for each end ``e``, bit for bit: the
+    same differences and the same order statistic, picked by ``np.partition`` (batch paths
+    use it for a noise scale recomputed every few points)."""
+    out: list[float] = []
+    full = ends >= window
+    vals: list[float] = []
+    if full.any():
+        d = np.abs(np.diff(z))  # |z[i+1] - z[i]|, as robust_scale forms them
+        rows = sliding_window_view(d, window - 1)[ends[full] - window]
+        kth = (window - 1) // 2
+        med = np.partition(rows, kth, axis=1)[:, kth]
+        vals = (1.0484 * med).tolist()
+    it = iter(vals)
+    for e, f in zip(ends.tolist(), full.tolist(), strict=True):
+        v = next(it) if f else 0.0
+        if not f or v == 0.0:
+            v = robust_scale(z[max(0, e - window) : e].tolist())  # short window, or zero
+        out.append(v)
+    return out
+
+
+def running_medians(prev: list[float], new: list[float], size: int) -> list[float]:
+    """After each value of ``new``, ``sorted(w)[len(w) // 2]`` of the window ``w`` of the
+    last ``size`` values (fewer at the start of a series; ``prev``: the values before).
+
+    The running median that smoothers keep in a list, for a whole batch: full windows
+    are sorted by numpy (a median is one of the values, so the result is exact).
+
+    >>> running_medians([], [3.0, 1.0, 2.0, 9.0], 3)
+    [3.0, 3.0, 2.0, 2.0]
+    """
+    seq = prev[max(0, len(prev) - size + 1) :] + new if size > 1 else list(new)
+    off = len(seq) - len(new)
+    out = [0.0] * len(new)
+    for j in range(min(len(new), max(0, size - 1 - off))):
+        p = off + j  # a window still short of ``size``: the series so far
+        out[j] = sorted(seq[: p + 1])[(p + 1) // 2]
+    first = max(0, size - 1 - off)
+    if first < len(new):
+        rows = np.sort(sliding_window_view(np.array(seq), size), axis=1)[:, size // 2]
+        out[first:] = rows[off + first - size + 1 :].tolist()
+    return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -268,6 +269,73 @@ class CurveDeviation(Detector):
         else:
             self._under = 0
         return None
+
+    def update_many(
+        self,
+        steps: Sequence[int],
+        values: Sequence[float],
+        on_error: Callable[[int], None] | None = None,
+    ) -> list[tuple[int, Signal]]:
+        """``update`` point by point, with the quiet stretches done in numpy (same result).
+
+        The smoothing (median of 5, noise EMA, loss EMA) depends on the values alone, so
+        it is computed for the whole batch first. Between two refits the law is fixed: a
+        stretch without a law only learns; a stretch with one, while no counter runs, is
+        tested at once and stops at the first point that is above or below the band,
+        stalled, or beyond twice the last learned step. That point, each refit point and
+        every point while a counter runs go through ``update`` itself. Needs int steps in
+        order and float values (what batch replay gives); otherwise the plain loop.
+        """
+        if len(steps) != len(values):
+            raise ValueError(f"steps and values differ in length: {len(steps)} != {len(values)}")
+        st_all = np.asarray(steps)
+        if (
+            not steps
+            or set(map(type, steps)) != {int}
+            or set(map(type, values)) != {float}
+            or bool(np.any(st_all[1:] < st_all[:-1]))
+        ):
+            return super().update_many(steps, values, on_error)
+        vals = np.asarray(values, dtype=float)
+        fin = np.flatnonzero(np.isfinite(vals))
+        if fin.size == 0:
+            return []
+        from runwatch.detect.deviation_batch import Batch  # only batch replay needs it
+
+        b = Batch(self, st_all[fin], vals[fin], [steps[i] for i in fin.tolist()])
+        out: list[tuple[int, Signal]] = []
+        m, j, chunk = fin.size, 0, 256
+        while j < m:
+            left = self._next_fit - (b.n0 + j + 1)  # points before the next refit
+            if left > 0 and self._law is None:
+                j = b.learn_all(j, min(m, j + left))
+                continue
+            quiet = not (self._over or self._under or self._stalled or self._flagged)
+            if left > 0 and quiet:
+                stop = min(m, j + left, j + chunk)
+                c = b.quiet_stretch(j, stop)
+                chunk = min(chunk * 2, 8192) if c == stop else 256
+                if c > j:
+                    j = c
+                    continue
+            b.set_smooth(j)
+            i = int(fin[j])
+            try:
+                sig = self.update(steps[i], values[i])
+            except Exception:
+                if on_error is None:
+                    raise
+                on_error(i)
+                # The rest through the plain loop: update may have stopped half way.
+                rest = Detector.update_many(
+                    self, steps[i + 1 :], values[i + 1 :], lambda k, i=i: on_error(i + 1 + k)
+                )
+                return out + [(i + 1 + k, s) for k, s in rest]
+            if sig is not None:
+                out.append((i, sig))
+            j += 1
+        b.set_smooth(m)
+        return out
 
     def _stall_check(self, step: int, ema: float, law: PowerLaw, sigma: float):
         """Has the loss stopped falling where the curve expects it to fall?

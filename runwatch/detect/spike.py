@@ -15,6 +15,7 @@ from runwatch.detect.base import (
     check_number,
     guarded,
     robust_scale,
+    robust_scales,
 )
 from runwatch.detect.spikescore import SpikeScore
 
@@ -253,7 +254,7 @@ class Spike(Detector):
         # Scale recomputations: after learning point j when the count since the last one
         # reaches 8, over the last ``window`` learned values.
         rec = np.arange(7 - self._since_scale, k, 8)
-        scales = [self._scale, *_scales(z_all, m + rec + 1, self.window)]
+        scales = [self._scale, *robust_scales(z_all, m + rec + 1, self.window)]
         before = np.searchsorted(rec, np.arange(k), side="left")  # recomputes before j
         scale = np.maximum(np.array(scales)[before], 1e-12)
         dev = x - center
@@ -310,24 +311,3 @@ class Spike(Detector):
                 "adapted": adapted,
             },
         )
-
-
-def _scales(z: np.ndarray, ends: np.ndarray, window: int) -> list[float]:
-    """``robust_scale`` of ``z[max(0, e - window):e]`` for each end ``e``, bit for bit: the
-    same differences and the same order statistic, picked by ``np.partition``."""
-    out: list[float] = []
-    full = ends >= window
-    if full.any():
-        d = np.abs(np.diff(z))  # |z[i+1] - z[i]|, as robust_scale forms them
-        rows = sliding_window_view(d, window - 1)[ends[full] - window]
-        kth = (window - 1) // 2
-        med = np.partition(rows, kth, axis=1)[:, kth]
-        vals = (1.0484 * med).tolist()
-    ends_l = ends.tolist()
-    it = iter(vals) if full.any() else iter(())
-    for e, f in zip(ends_l, full.tolist(), strict=True):
-        v = next(it) if f else 0.0
-        if not f or v == 0.0:
-            v = robust_scale(z[max(0, e - window) : e].tolist())  # short window, or zero
-        out.append(v)
-    return out

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from runwatch.detect.base import Detector, Signal, check_number, robust_scale
 
@@ -178,6 +181,59 @@ class Stall(Detector):
         if sig is None:
             self._learn(ls, x)
         return sig
+
+    def update_many(
+        self,
+        steps: Sequence[int],
+        values: Sequence[float],
+        on_error: Callable[[int], None] | None = None,
+    ) -> list[tuple[int, Signal]]:
+        """``update`` point by point, with what depends on the values alone in numpy.
+
+        See ``runwatch.detect.stall_batch``: the same figures as ``update`` forms, so the
+        same signals and state. The point where log space ends goes through ``update``.
+        Needs int steps in order and float values (what batch replay gives); otherwise
+        the plain loop.
+        """
+        if len(steps) != len(values):
+            raise ValueError(f"steps and values differ in length: {len(steps)} != {len(values)}")
+        st = np.asarray(steps)
+        if (
+            not steps
+            or set(map(type, steps)) != {int}
+            or set(map(type, values)) != {float}
+            or bool(np.any(st[1:] < st[:-1]))
+        ):
+            return super().update_many(steps, values, on_error)
+        from runwatch.detect import stall_batch  # only batch replay needs it
+
+        vals = np.asarray(values, dtype=float)
+        fin = np.isfinite(vals)
+        out: list[tuple[int, Signal]] = []
+        if self._log:
+            bad = np.flatnonzero(fin & (vals <= 0))
+            if bad.size:
+                # Log space ends at the first value <= 0: before it, in log; it, through
+                # update (which resets); after it, in linear space.
+                i = int(bad[0])
+                out += self.update_many(steps[:i], values[:i], on_error)
+                try:
+                    sig = self.update(steps[i], values[i])
+                except Exception:
+                    if on_error is None:
+                        raise
+                    on_error(i)
+                    sig = None
+                if sig is not None:
+                    out.append((i, sig))
+                rest = self.update_many(
+                    steps[i + 1 :], values[i + 1 :], on_error and (lambda k: on_error(i + 1 + k))
+                )
+                return out + [(i + 1 + k, s) for k, s in rest]
+        idx = np.flatnonzero(fin).tolist()
+        if not idx:
+            return out
+        return stall_batch.run(self, [steps[i] for i in idx], [values[i] for i in idx], idx)
 
     def _learn(self, ls: float, x: float) -> None:
         _add(self._bins, int(self.per_octave * ls / _LN2), ls, x)

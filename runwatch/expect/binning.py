@@ -73,6 +73,42 @@ class LogBins:
             b[1] += value
             b[2] += 1.0
 
+    def add_many(self, steps: list[int], values: np.ndarray) -> None:
+        """``add`` over many points whose steps are Python ints in non-decreasing order.
+
+        Bit for bit what ``add`` gives: each bin's step sum stays an int, its value sum is
+        the same sequential float sum (a cumulative sum), and bins are created in the
+        same order. Bin indices come from numpy and are checked with ``bin_index`` where
+        they change (a log2 one ulp off would move a boundary point).
+        """
+        if not steps:
+            return
+        st = np.asarray(steps, dtype=np.int64)
+        po = self.per_octave
+        k = np.floor(po * np.log2(np.maximum(st, 0) + 1.0)).astype(np.int64)
+        starts = np.flatnonzero(np.diff(k)) + 1
+        bounds = [0, *starts.tolist(), k.size]
+        ks = k[bounds[:-1]].tolist()
+        for i, (a, b) in enumerate(itertools.pairwise(bounds)):
+            if bin_index(steps[a], po) != ks[i] or bin_index(steps[b - 1], po) != ks[i]:
+                for s, v in zip(steps, values.tolist(), strict=True):
+                    self.add(s, v)  # pragma: no cover - numpy's log2 disagrees with math's
+                return  # pragma: no cover
+        bins = self._bins
+        for kk, a, b in zip(ks, bounds[:-1], bounds[1:], strict=True):
+            old = bins.get(kk)
+            seg = values[a:b]
+            if old is None:
+                bins[kk] = [
+                    steps[a] + sum(steps[a + 1 : b]),
+                    float(np.cumsum(seg)[-1]),
+                    float(b - a),
+                ]
+            else:
+                old[0] += sum(steps[a:b])
+                old[1] = float(np.cumsum(np.concatenate(([old[1]], seg)))[-1])
+                old[2] += float(b - a)
+
     def __len__(self) -> int:
         return len(self._bins)
 

@@ -12,7 +12,9 @@ import pytest
 
 from runwatch.detect import DETECTORS, Detector, Monitor, Spike, analyze_frame
 from runwatch.detect.deviation import CurveDeviation
+from runwatch.detect.lr import LRSanity
 from runwatch.detect.spikescore import SpikeScore
+from runwatch.detect.stall import Stall
 
 from .conftest import canon, loss_curve, real_run, real_run_names
 
@@ -85,23 +87,152 @@ def test_spike_score_update_many_equals_update(window):
 
 
 def test_a_detector_error_counts_the_same_in_batch_and_streaming(monkeypatch):
-    # CurveDeviation batches through the default loop, which calls update on every point.
-    assert CurveDeviation.update_many is Detector.update_many
-    real = CurveDeviation.update
+    # LRSanity batches through the default loop, which calls update on every point.
+    assert LRSanity.update_many is Detector.update_many
+    real = LRSanity.update
 
     def flaky(self, step, value):
         if step % 500 == 7:
             raise RuntimeError("detector bug")
         return real(self, step, value)
 
-    monkeypatch.setattr(CurveDeviation, "update", flaky)
-    df = pd.DataFrame({"metric": "loss", "step": np.arange(3000), "value": loss_curve(3000)})
+    monkeypatch.setattr(LRSanity, "update", flaky)
+    lr = np.minimum(1.0, np.arange(3000) / 300) * 3e-4
+    df = pd.DataFrame({"metric": "lr", "step": np.arange(3000), "value": lr})
     fast, slow = Monitor(), Monitor()
     a = analyze_frame(df, monitor=fast)
     b = analyze_frame(df, monitor=slow, fast=False)
     assert canon(a) == canon(b)
     assert fast.health == slow.health
     assert fast.health["detector_errors"] == 6
+
+
+def test_a_refit_error_in_the_batched_deviation_counts_as_in_streaming(monkeypatch):
+    # A refit runs inside update (the batched path calls it there); after the error the
+    # rest of the batch goes through the plain loop.
+    real = CurveDeviation._refit
+    calls = {"n": 0}
+
+    def flaky(self, step):
+        calls["n"] += 1
+        if calls["n"] % 3 == 2:
+            raise RuntimeError("detector bug")
+        return real(self, step)
+
+    monkeypatch.setattr(CurveDeviation, "_refit", flaky)
+    v = loss_curve(9000, seed=2)
+    v[6000:] = v[6000]  # a plateau, so there is something to flag
+    df = pd.DataFrame({"metric": "loss", "step": np.arange(1, 9001), "value": v})
+    fast, slow = Monitor(), Monitor()
+    a = analyze_frame(df, monitor=fast)
+    calls["n"] = 0
+    b = analyze_frame(df, monitor=slow, fast=False)
+    assert canon(a) == canon(b)
+    assert fast.health == slow.health
+    assert fast.health["detector_errors"] > 0
+
+
+def trouble_curves() -> dict[str, tuple[list[int], list[float]]]:
+    """Loss curves that make CurveDeviation and Stall speak: plateaus (stall, above the
+    band), an LR anneal (below the band), a huge step gap, NaN inside episodes."""
+    rng = np.random.default_rng(5)
+    n = 12000
+    s = np.arange(1, n + 1)
+    base = 2.0 + 9.0 * (s + 50.0) ** -0.35
+    noisy = base * np.exp(0.004 * rng.standard_normal(n))
+    plateau = noisy.copy()
+    plateau[5000:] = plateau[4999] * np.exp(0.004 * rng.standard_normal(n - 5000))
+    plateau[8000:8100] = math.nan  # NaN in the middle of an episode
+    anneal = noisy.copy()
+    anneal[7000:] *= np.linspace(1.0, 0.8, n - 7000)
+    rise = noisy.copy()
+    rise[4000:] *= 1.0 + np.minimum(np.arange(n - 4000) / 3000, 0.2)
+    gap_s = s.copy()
+    gap_s[6000:] = gap_s[6000:] * 5  # the steps jump: beyond twice the last learned one
+    quiet_late = noisy.copy()
+    quiet_late[::1000] = math.inf
+    return {
+        "plateau": (s.tolist(), plateau.tolist()),
+        "anneal": (s.tolist(), anneal.tolist()),
+        "rise": (s.tolist(), rise.tolist()),
+        "gap": (gap_s.tolist(), noisy.tolist()),
+        "inf": (s.tolist(), quiet_late.tolist()),
+        "sign_change": (s.tolist(), (noisy - 3.0).tolist()),  # log space ends mid-run
+    }
+
+
+def _split_run(det: Detector, steps, values, cuts, stream_every: int = 0):
+    """Signals of ``det`` fed in batches cut at ``cuts``; with ``stream_every`` the first
+    ``stream_every`` points after each cut go through ``update`` instead."""
+    got = []
+    for a, b in itertools.pairwise([0, *cuts, len(steps)]):
+        k = min(b, a + stream_every)
+        for i in range(a, k):
+            if (sig := det.update(steps[i], values[i])) is not None:
+                got.append((i, repr(sig)))
+        got += [(k + i, repr(sig)) for i, sig in det.update_many(steps[k:b], values[k:b])]
+    return got
+
+
+def _point_by_point(det: Detector, steps, values):
+    return [(i, repr(sig)) for i, x in enumerate(zip(steps, values, strict=True))
+            if (sig := det.update(*x)) is not None]  # fmt: skip
+
+
+@pytest.mark.parametrize("cls", [CurveDeviation, Stall], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("curve", list(trouble_curves()))
+def test_batched_deviation_and_stall_equal_update_on_curves_that_flag(cls, curve):
+    steps, values = trouble_curves()[curve]
+    one = cls()
+    want = _point_by_point(one, steps, values)
+    speaks = {"plateau", "rise", "anneal" if cls is CurveDeviation else "gap"}
+    if curve in speaks:
+        assert want, "the curve should make the detector speak"
+    rng = np.random.default_rng(len(curve))
+    for cuts, stream_every in (
+        ([], 0),
+        (sorted(rng.integers(0, len(steps), 7).tolist()), 0),
+        (sorted(rng.integers(0, len(steps), 5).tolist()), 37),  # batches, then update
+        (list(range(97, len(steps), 997)), 1),
+    ):
+        many = cls()
+        assert _split_run(many, steps, values, cuts, stream_every) == want
+        assert pickle.dumps(many.__dict__) == pickle.dumps(one.__dict__)
+
+
+def test_batched_deviation_splits_at_every_refit_and_inside_episodes():
+    steps, values = trouble_curves()["plateau"]
+    one = CurveDeviation()
+    want = _point_by_point(one, steps, values)
+    # Refits happen at the 1000th, 1501st, 2252nd ... point; cut just before, at and after.
+    fits, nxt = [], 1000
+    while nxt < len(steps):
+        fits.append(nxt)
+        nxt = int(nxt * 1.5) + 1
+    flagged = [i for i, _ in want]
+    cuts = sorted({c for f in fits for c in (f - 2, f - 1, f)} | set(flagged[::25]))
+    many = CurveDeviation()
+    assert _split_run(many, steps, values, cuts) == want
+    assert pickle.dumps(many.__dict__) == pickle.dumps(one.__dict__)
+
+
+def test_batched_paths_fall_back_to_the_loop_for_unsorted_or_odd_inputs():
+    steps, values = trouble_curves()["plateau"]
+    steps = steps[:3000]
+    values = values[:3000]
+    steps[1500], steps[1501] = steps[1501], steps[1500]  # out of order
+    for cls in (CurveDeviation, Stall):
+        one, many = cls(), cls()
+        assert many.update_many(steps, values) == [
+            (i, s) for i, x in enumerate(zip(steps, values, strict=True))
+            if (s := one.update(*x)) is not None
+        ]  # fmt: skip
+        assert pickle.dumps(many.__dict__) == pickle.dumps(one.__dict__)
+        one, many = cls(), cls()
+        fsteps = [float(x) for x in sorted(steps)]
+        want = _point_by_point(one, fsteps, values)
+        assert [(i, repr(s)) for i, s in many.update_many(fsteps, values)] == want
+        assert pickle.dumps(many.__dict__) == pickle.dumps(one.__dict__)
 
 
 @pytest.mark.parametrize("run", real_run_names() or ["(no data)"])

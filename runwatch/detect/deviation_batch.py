@@ -1,0 +1,163 @@
+"""CurveDeviation's batch path: ``CurveDeviation.update_many`` without ``update`` calls.
+
+Kept apart from the detector because only batch replay needs it; every figure here is
+formed by the same float operations in the same order as ``CurveDeviation.update``
+forms it (``tests/detect/test_batch.py`` checks signals and state bit for bit).
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import repeat
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from runwatch.detect.base import running_medians
+
+if TYPE_CHECKING:
+    from runwatch.detect.deviation import CurveDeviation
+
+
+class Batch:
+    """One ``CurveDeviation.update_many`` call: the smoothing of every finite point of the
+    batch, computed up front, and the stretches that need no ``update`` call."""
+
+    def __init__(self, d: CurveDeviation, st: np.ndarray, x: np.ndarray, steps: list) -> None:
+        self.d = d
+        self.st = st
+        self.x = x
+        self.steps = steps
+        self.n0 = d._n
+        self.recent0 = list(d._recent)
+        xl = x.tolist()
+        self.xl = xl
+        ema, ad = _smooth_many(d, xl)
+        self.ema_l, self.ad_l = ema, ad
+        self.ema, self.ad = np.array(ema), np.array(ad)
+
+    def set_smooth(self, j: int) -> None:
+        """Put the smoothing state where ``update`` leaves it after the first ``j`` points."""
+        if j == 0:
+            return
+        d = self.d
+        d._n = self.n0 + j
+        d._prev = self.xl[j - 1]
+        d._ema = self.ema_l[j - 1]
+        d._absdiff = self.ad_l[j - 1]
+        # The last min(n, 5) values, as _smooth keeps them.
+        d._recent = (self.recent0 + self.xl[max(0, j - 5) : j])[-5:]
+
+    def learn_all(self, a: int, b: int) -> int:
+        """Points a..b-1 without a law: ``update`` learns each of them."""
+        d = self.d
+        d._exp_ema = math.nan
+        d._over = d._under = d._flagged = 0
+        self._learn(np.arange(a, b))
+        return b
+
+    def _learn(self, idx: np.ndarray) -> None:
+        if idx.size == 0:
+            return
+        d = self.d
+        il = idx.tolist()
+        d._bins.add_many([self.steps[i] for i in il], self.x[idx])
+        d._accepted += len(il)
+        top = self.steps[il[-1]]  # steps are in order: the last is the largest
+        if top > d._last_learned:
+            d._last_learned = float(top)
+
+    def quiet_stretch(self, a: int, b: int) -> int:
+        """Run points a..b-1 as ``update`` would while none leaves the band, stalls or
+        jumps too far; return where that stops, with the state moved up to it."""
+        d = self.d
+        law = d._law
+        assert law is not None
+        st = self.st[a:b]
+        stf = st.astype(float)
+        steps = self.steps[a:b]
+        ema = self.ema[a:b]
+        n = b - a
+        # A·max(step + s0, 1e-9)^-α with Python's pow, as update computes it.
+        now = law.A * _pow(np.maximum(stf + law.s0, 1e-9), -law.alpha)
+        exp_raw = (now + law.E).tolist()
+        e = d._exp_ema
+        exp_l = []
+        alpha = d._alpha
+        for r in exp_raw:
+            if e != e:
+                e = r
+            else:
+                e += alpha * (r - e)
+            exp_l.append(e)
+        exp_v = np.array(exp_l)
+        sigma = 0.886 * self.ad[a:b] * d._ema_sd
+        fs = d._fit_step
+        extrap = np.array(list(map(math.log, (np.maximum(stf, fs) / fs).tolist())))
+        half = np.maximum(
+            d.band_sigmas * sigma,
+            (d.rel_margin + d._val_err + d.extrap_rel * extrap) * np.abs(exp_v),
+        )
+        stop = (ema > exp_v + half) | (ema < exp_v - half)
+        learn = ema <= exp_v + d.learn_frac * half
+        # Beyond twice the last learned step (before this point): update drops the law.
+        prev_top = np.maximum.accumulate(np.where(learn, stf, -math.inf))
+        top = np.maximum(np.concatenate(([-math.inf], prev_top[:-1])), d._last_learned)
+        stop |= stf > 2.0 * top
+        # The slope test against the hist entry ``stall_window`` - 1 places back.
+        hist, w = d._hist, d.stall_window
+        h0 = len(hist)
+        j0 = max(0, w - h0)  # the first point whose test runs (hist is full then)
+        if j0 < n:
+            q0 = h0 + j0 + 1 - w  # its entry's index in hist + this stretch
+            old = hist[q0 : q0 + n - j0]
+            s0, s1 = max(q0 - h0, 0), max(q0 - h0, 0) + n - j0 - len(old)
+            then_s = np.array([s for s, _ in old] + steps[s0:s1], dtype=float)
+            then_e = np.array([v for _, v in old] + self.ema_l[a + s0 : a + s1])
+            then = law.A * _pow(np.maximum(then_s + law.s0, 1e-9), -law.alpha)
+            d_exp = then - now[j0:]
+            e_now = ema[j0:]
+            d_obs = then_e - e_now
+            need = np.maximum(
+                d.band_sigmas * math.sqrt(2.0) * sigma[j0:], d.stall_min * np.abs(e_now)
+            )
+            stop[j0:] |= (then_s < stf[j0:]) & (d_exp > need) & (d_obs < d.stall_frac * d_exp)
+        c = int(np.argmax(stop)) if stop.any() else n
+        if c == 0:
+            return a
+        new = list(zip(steps[:c], self.ema_l[a : a + c], strict=True))
+        d._hist = (hist + new)[-w:] if h0 + c > w else hist + new
+        d._exp_ema = exp_l[c - 1]
+        self._learn(a + np.flatnonzero(learn[:c]))
+        return a + c
+
+
+def _pow(base: np.ndarray, exp: float) -> np.ndarray:
+    """``base ** exp`` element by element with Python's float pow (numpy's may differ)."""
+    return np.array(list(map(pow, base.tolist(), repeat(exp))))
+
+
+def _smooth_many(d: CurveDeviation, xl: list[float]) -> tuple[list[float], list[float]]:
+    """The loss EMA and the noise EMA after each of ``xl``, as ``_smooth`` forms them."""
+    ema_out: list[float] = []
+    ad_out: list[float] = []
+    a, e, k = d._absdiff, d._ema, 0
+    if d._n == 0:  # the first point of the series only starts the EMA
+        e = xl[0]
+        ema_out.append(e)
+        ad_out.append(a)
+        k = 1
+    meds = running_medians(d._recent, xl, 5)
+    prev = d._prev if d._n else xl[0]
+    diffs = np.abs(np.diff(np.array([prev, *xl]))).tolist()
+    alpha = d._alpha
+    for dd, md in zip(diffs[k:], meds[k:], strict=True):
+        if a != a:
+            a = dd
+        else:
+            t = 5.0 * a + 1e-12
+            a += 0.01 * ((t if t < dd else dd) - a)  # min(dd, t), without the call
+        e += alpha * (md - e)
+        ema_out.append(e)
+        ad_out.append(a)
+    return ema_out, ad_out

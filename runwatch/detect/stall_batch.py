@@ -1,0 +1,243 @@
+"""Stall's batch path: ``Stall.update_many`` without ``update`` calls.
+
+Kept apart from the detector because only batch replay needs it. What depends on the
+values alone - logs, the running median and the clip, the noise scale, the running sums
+of the window test, the octave bins of every point - is computed for the whole batch in
+numpy; a lean loop then runs the two tests, whose state (reference slopes, the scatter of
+the statistic, the learned bins) depends on what was flagged. Every figure is formed by
+the same float operations in the same order as ``Stall.update`` forms it
+(``tests/detect/test_batch.py`` checks signals and state bit for bit).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from runwatch.detect.base import Signal, robust_scales, running_medians
+
+if TYPE_CHECKING:
+    from runwatch.detect.stall import Stall
+
+_LN2 = math.log(2.0)
+
+
+def run(d: Stall, steps: list[int], values: list[float], idx: list[int]) -> list:
+    """Feed finite points (all judged in the same space) to ``d``; return ``(index,
+    signal)`` for the flagged, ``index`` taken from ``idx``."""
+    m = len(values)
+    n0 = d._n
+    xl = list(map(math.log, values)) if d._log else list(values)
+    x = np.array(xl)
+    if n0 == 0:
+        d._x0 = xl[0]
+        d._cum.append((0.0, 0.0))
+    x0 = d._x0
+    # The noise scale: redone after every point up to 128, then every 32 points.
+    since, sig_now = d._since_noise, d._sigma
+    redo = []
+    for j in range(m):
+        since += 1
+        if since >= 32 or n0 + j + 1 <= 128:
+            since = 0
+            redo.append(j)
+    nb0 = list(d._noise_buf)
+    z = np.concatenate((np.array(nb0), x))
+    scales = robust_scales(z, len(nb0) + np.array(redo, dtype=np.int64) + 1, 128)
+    sig_after = np.empty(m)
+    pos = np.zeros(m, dtype=np.int64)
+    pos[redo] = 1
+    which = np.cumsum(pos) - 1  # the last recomputation at or before each point
+    table = np.array([sig_now, *scales])
+    sig_after[:] = table[which + 1]
+    sig_before = np.concatenate(([sig_now], sig_after[:-1]))
+    # Clip to the running median of 5 +- 3 sigma (sigma as it was before the point).
+    med = np.array(running_medians(list(d._last5), xl, 5))
+    lim = 3.0 * sig_before
+    xc = np.minimum(np.maximum(x, med - lim), med + lim)
+    st = np.array(steps, dtype=np.int64)
+    ls = np.zeros(m)
+    big = st > 1
+    ls[big] = list(map(math.log, st[big].tolist()))
+    cx = np.cumsum(np.concatenate(([d._cx], xc - x0)))[1:]
+    cl = np.cumsum(np.concatenate(([d._cl], ls)))[1:]
+    po = d.per_octave
+    k = (po * ls / _LN2).astype(np.int64)
+    cur = _all_bins(d, k, ls, xc, sig_after)
+    # The window test's figures for every window size w (decided by the count alone).
+    prior = list(d._cum)
+    cum_x = np.concatenate((np.array([c[0] for c in prior]), cx))
+    cum_l = np.concatenate((np.array([c[1] for c in prior]), cl))
+    off = n0 + 1 - len(prior)  # the count of cum_x[0]
+    n = n0 + 1 + np.arange(m)
+    w = np.minimum(np.maximum((d.window_frac * n).astype(np.int64), d.min_window), d.max_window)
+    ready = n >= 2 * w
+    p2 = n - off
+    p1 = np.where(ready, p2 - w, p2)
+    p0 = np.where(ready, p2 - 2 * w, p2)
+    mean_a = (cum_x[p1] - cum_x[p0]) / w
+    mean_b = (cum_x[p2] - cum_x[p1]) / w
+    ls_a = (cum_l[p1] - cum_l[p0]) / w
+    ls_b = (cum_l[p2] - cum_l[p1]) / w
+    ls_start = ls_a - (ls_b - ls_a) / 2.0
+    dls = ls_b - ls_a
+    gap = dls > 0.5 * _LN2
+    zse = d.z * (sig_after * np.sqrt(2.0 / w))
+    out = _loop(
+        d, n0, values, idx, xl, ls.tolist(), k.tolist(), sig_after.tolist(), cur,
+        [w.tolist(), ready.tolist(), mean_a.tolist(), mean_b.tolist(), ls_start.tolist(),
+         dls.tolist(), gap.tolist(), zse.tolist()],
+    )  # fmt: skip
+    # The state update leaves after the last point.
+    d._n = n0 + m
+    d._cx, d._cl = float(cx[-1]), float(cl[-1])
+    d._cum.extend(zip(cx.tolist(), cl.tolist(), strict=True))
+    d._last5.extend(xl[-5:])
+    d._noise_buf.extend(xl[-128:])
+    d._sigma = float(sig_after[-1])
+    d._since_noise = since
+    return out
+
+
+def _all_bins(
+    d: Stall, k: np.ndarray, ls: np.ndarray, xc: np.ndarray, sig: np.ndarray
+) -> list[list[float]]:
+    """Add every point to the octave test's bins (capped as ``_LongTest.clip`` caps it);
+    return each point's bin sums just after it was added."""
+    lt, bins = d._long, d._all_bins
+    cut = np.flatnonzero(np.diff(k)) + 1
+    bounds = [0, *cut.tolist(), k.size]
+    s0: list[float] = []
+    s1: list[float] = []
+    s2: list[float] = []
+    for a, b in itertools.pairwise(bounds):
+        kk = int(k[a])
+        if kk != lt.clip_k:
+            lt.clip_k = kk
+            prev = max((j for j in bins if j < kk), default=None)
+            lt.clip_base = math.inf if prev is None else bins[prev][1] / bins[prev][2]
+        val = np.minimum(xc[a:b], lt.clip_base + lt.CLIP * sig[a:b])
+        old = bins.get(kk)
+        if old is None:
+            c0 = np.cumsum(ls[a:b])
+            c1 = np.cumsum(val)
+            c2 = np.arange(1, b - a + 1, dtype=float)
+        else:
+            c0 = np.cumsum(np.concatenate(([old[0]], ls[a:b])))[1:]
+            c1 = np.cumsum(np.concatenate(([old[1]], val)))[1:]
+            c2 = old[2] + np.arange(1, b - a + 1, dtype=float)
+        bins[kk] = [float(c0[-1]), float(c1[-1]), float(c2[-1])]
+        s0 += c0.tolist()
+        s1 += c1.tolist()
+        s2 += c2.tolist()
+    return [s0, s1, s2]
+
+
+def _loop(d: Stall, n0, values, idx, xl, ls_l, k_l, sig_l, cur, win) -> list:
+    """The two tests and the learning, point by point, on precomputed figures."""
+    w_l, ready_l, ma_l, mb_l, lss_l, dls_l, gap_l, zse_l = win
+    c0_l, c1_l, c2_l = cur
+    out: list[tuple[int, Signal]] = []
+    bins, all_bins, lt = d._bins, d._all_bins, d._long
+    min_points, long_min = d.min_points, d.long_min_points
+    long_test = d.long_test
+    z, z_resid, long_z, min_fall = d.z, d.z_resid, d.long_z_resid, d.min_fall
+    sf, patience, adapt_after = d.stall_frac, d.patience, d.adapt_after
+    min_window, po = d.min_window, d.per_octave
+    min_resid = lt.MIN_RESID
+    resid = d._resid
+    over, flagged, stalls = d._over, d._flagged, d._stalls
+    slope_cache, slope_age = d._slope_cache, d._slope_age
+    resid_scale, resid_age = d._resid_scale, d._resid_age
+    sqrt = math.sqrt
+    for j in range(len(xl)):
+        n = n0 + j + 1
+        sig = None
+        if n >= min_points:
+            if not ready_l[j]:
+                over = 0
+            else:
+                slope_age -= 1
+                if slope_age <= 0:
+                    slope_cache = d._slope(lss_l[j])
+                    slope_age = 32
+                slope = slope_cache
+                if slope is None or slope >= 0 or gap_l[j]:
+                    over = 0
+                else:
+                    d_exp = -slope * dls_l[j]
+                    d_obs = ma_l[j] - mb_l[j]
+                    need = max(zse_l[j], z_resid * resid_scale, min_fall)
+                    if not (d_exp > need and d_obs < sf * d_exp):
+                        over = 0
+                        flagged = 0
+                        resid_age -= 1
+                        if resid_age <= 0:
+                            resid_age = max(w_l[j] // 4, 1)
+                            resid.append(d_obs - d_exp)
+                            if len(resid) >= 8:
+                                srt = sorted(resid)
+                                mid = srt[len(srt) // 2]
+                                dev = sorted([abs(r - mid) for r in srt])
+                                resid_scale = 1.4826 * dev[len(dev) // 2]
+                    else:
+                        over += 1
+                        if over >= patience:
+                            if over == patience:
+                                stalls += 1
+                            flagged += 1
+                            if flagged >= adapt_after:
+                                bins.clear()
+                                slope_cache, slope_age = None, 0
+                                over = flagged = 0
+                            w = w_l[j]
+                            sig = d._signal(
+                                values[j], ma_l[j], mb_l[j], d_exp, d_obs, w, f"the last {w} points"
+                            )
+        if sig is None and long_test and n >= long_min:
+            kk = k_l[j]
+            if lt.k != kk:
+                lt.new_bin(kk, all_bins, po)
+                lt.slope = d._slope((kk - po) * _LN2 / po)
+            na, nb = lt.a[2], lt.b[2] + c2_l[j]
+            lslope = lt.slope
+            if lslope is None or lslope >= 0 or min(na, nb) < min_window:
+                lt.over = 0
+            else:
+                mean_a = lt.a[1] / na
+                mean_b = (lt.b[1] + c1_l[j]) / nb
+                d_exp = -lslope * ((lt.b[0] + c0_l[j]) / nb - lt.a[0] / na)
+                d_obs = mean_a - mean_b
+                se = sig_l[j] * sqrt(1.0 / na + 1.0 / nb)
+                need = max(z * se, long_z * lt.resid_scale, min_fall)
+                if lt.resid_n < min_resid or not (d_exp > need and d_obs < sf * d_exp):
+                    lt.over = 0
+                    if lt.sampled != kk:
+                        lt.sampled = kk
+                        lt.add_resid(d_obs - d_exp)
+                else:
+                    lt.over += 1
+                    if lt.over >= patience:
+                        if lt.over == patience:
+                            stalls += 1
+                        sig = d._signal(
+                            values[j], mean_a, mean_b, d_exp, d_obs, int(nb), "the last octave"
+                        )
+        if sig is None:
+            kb = k_l[j]
+            b = bins.get(kb)
+            if b is None:
+                bins[kb] = [ls_l[j], xl[j], 1.0]
+            else:
+                b[0] += ls_l[j]
+                b[1] += xl[j]
+                b[2] += 1.0
+        else:
+            out.append((idx[j], sig))
+    d._over, d._flagged, d._stalls = over, flagged, stalls
+    d._slope_cache, d._slope_age = slope_cache, slope_age
+    d._resid_scale, d._resid_age = resid_scale, resid_age
+    return out
