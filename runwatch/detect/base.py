@@ -34,6 +34,7 @@ __all__ = [
     "robust_scale",
     "robust_scales",
     "running_medians",
+    "smooth_many",
 ]
 
 
@@ -258,3 +259,32 @@ def running_medians(prev: list[float], new: list[float], size: int) -> list[floa
         rows = np.sort(sliding_window_view(np.array(seq), size), axis=1)[:, size // 2]
         out[first:] = rows[off + first - size + 1 :].tolist()
     return out
+
+
+def smooth_many(
+    absdiff: float, ema: float, alpha: float, diffs: list[float], medians: list[float]
+) -> tuple[list[float], list[float]]:
+    """The noise EMA and the smoothed value after each point, for a whole batch.
+
+    The smoothers of CurveDeviation and Divergence keep ``absdiff``, a slow EMA of the
+    absolute first difference (``diffs``), each capped at 5 times the current mean, and
+    ``ema``, an EMA of the running median (``medians``). Both are sequential in floats, so
+    this is a plain loop: the same operations in the same order as the detectors' own
+    ``update`` (NaN ``absdiff``: not started yet). Returns (absdiffs, emas).
+
+    >>> smooth_many(float("nan"), 1.0, 0.5, [0.2, 0.4], [1.0, 2.0])
+    ([0.2, 0.202], [1.0, 1.5])
+    """
+    ads: list[float] = []
+    emas: list[float] = []
+    a, e = absdiff, ema
+    for d, md in zip(diffs, medians, strict=True):
+        if a != a:
+            a = d
+        else:
+            t = 5.0 * a + 1e-12
+            a += 0.01 * ((t if t < d else d) - a)  # min(d, t), without the call
+        e += alpha * (md - e)
+        ads.append(a)
+        emas.append(e)
+    return ads, emas

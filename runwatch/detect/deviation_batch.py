@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from runwatch.detect.base import running_medians
+from runwatch.detect.base import running_medians, smooth_many
 
 if TYPE_CHECKING:
     from runwatch.detect.deviation import CurveDeviation
@@ -139,25 +139,12 @@ def _pow(base: np.ndarray, exp: float) -> np.ndarray:
 
 def _smooth_many(d: CurveDeviation, xl: list[float]) -> tuple[list[float], list[float]]:
     """The loss EMA and the noise EMA after each of ``xl``, as ``_smooth`` forms them."""
-    ema_out: list[float] = []
-    ad_out: list[float] = []
-    a, e, k = d._absdiff, d._ema, 0
-    if d._n == 0:  # the first point of the series only starts the EMA
-        e = xl[0]
-        ema_out.append(e)
-        ad_out.append(a)
-        k = 1
+    k = 1 if d._n == 0 else 0  # the first point of the series only starts the EMA
+    e = xl[0] if k else d._ema
     meds = running_medians(d._recent, xl, 5)
     prev = d._prev if d._n else xl[0]
     diffs = np.abs(np.diff(np.array([prev, *xl]))).tolist()
-    alpha = d._alpha
-    for dd, md in zip(diffs[k:], meds[k:], strict=True):
-        if a != a:
-            a = dd
-        else:
-            t = 5.0 * a + 1e-12
-            a += 0.01 * ((t if t < dd else dd) - a)  # min(dd, t), without the call
-        e += alpha * (md - e)
-        ema_out.append(e)
-        ad_out.append(a)
-    return ema_out, ad_out
+    ads, emas = smooth_many(d._absdiff, e, d._alpha, diffs[k:], meds[k:])
+    if k:
+        return [e, *emas], [d._absdiff, *ads]
+    return emas, ads

@@ -5,7 +5,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from runwatch.detect.base import Detector, Signal, check_choice, check_number, guarded
+import numpy as np
+
+from runwatch.detect.base import (
+    Detector,
+    Signal,
+    check_choice,
+    check_number,
+    guarded,
+    running_medians,
+    smooth_many,
+)
 
 
 class Divergence(Detector):
@@ -170,70 +180,43 @@ class Divergence(Detector):
         values: Sequence[float],
         on_error: Callable[[int], None] | None = None,
     ) -> list[tuple[int, Signal]]:
-        """``update`` point by point, with the smoothing and the quiet test inlined.
+        """``update`` point by point, with the smoothing and the quiet stretches in numpy.
 
-        The same arithmetic as ``update`` in the same order, on local copies of the state;
-        a rising point goes through ``_rising`` and the rare cases (the first point, the
-        end of log space) through ``update`` itself, so the result is exactly the same.
+        The smoothing depends on the values alone, so it is computed for the whole batch
+        first (the same operations as ``update``). While the reference is fixed (until the
+        current block fills), the points whose rise stays within the noise are learned at
+        once; a rising point goes through ``_rising``, and the first point of the series
+        and the end of log space through ``update`` itself. The same result, bit for bit.
         """
+        if len(steps) != len(values):
+            raise ValueError(f"steps and values differ in length: {len(steps)} != {len(values)}")
+        if set(map(type, values)) - {float}:  # update keeps ints as given: the plain loop
+            return super().update_many(steps, values, on_error)
+        vals = np.asarray(values, dtype=float)
+        keep = np.isfinite(vals)
         out: list[tuple[int, Signal]] = []
-        alpha, ema_sd, warmup = self._alpha, self._ema_sd, self.warmup
-        thr, mw, block, ref_blocks = self.threshold, self.median_window, self.block, self.ref_blocks
-        log, isfinite, isnan, inf = math.log, math.isfinite, math.isnan, math.inf
-        st = _DivState(self)
-        for i, value in enumerate(values):
-            if not isfinite(value):
-                continue  # update ignores it
-            if st.n == 0 or (st.lg and value <= 0):
-                st.store(self)
-                sig = guarded(self.update, steps[i], value, i, on_error)
+        i = 0
+        n = len(values)
+        while i < n:
+            # The first point and the end of log space go through update; the points
+            # between, all judged in the same space, through the batch path.
+            if not keep[i]:
+                i += 1  # update ignores it
+                continue
+            if self._n == 0 or (self._log and vals[i] <= 0):
+                sig = guarded(self.update, steps[i], values[i], i, on_error)
                 if sig is not None:
                     out.append((i, sig))
-                st = _DivState(self)
+                i += 1
                 continue
-            x = log(value) if st.lg else value
-            st.n += 1
-            d = abs(x - st.prev)
-            st.prev = x
-            a = st.absdiff
-            st.absdiff = a = d if isnan(a) else a + 0.01 * (min(d, 5.0 * a + 1e-12) - a)
-            sigma = 0.886 * a
-            recent = st.recent
-            recent.append(x)
-            if len(recent) > mw:
-                del recent[0]
-            srt = sorted(recent)
-            ema = st.ema = st.ema + alpha * (srt[len(srt) // 2] - st.ema)
-            if st.n <= warmup:
-                continue
-            blocks = st.blocks
-            ref = st.bmin if blocks else (st.cur_sum / st.cur_n if st.cur_n else inf)
-            rise = ema - ref if isfinite(ref) else 0.0
-            need = max(thr * sigma * ema_sd, st.min_rise)
-            if rise <= need:
-                st.over = 0
-                st.flagged = 0
-                st.cur_sum += ema
-                st.cur_n += 1
-                if st.cur_n >= block:
-                    blocks.append(st.cur_sum / st.cur_n)
-                    if len(blocks) > ref_blocks:
-                        del blocks[0]
-                    st.cur_sum, st.cur_n = 0.0, 0
-                    st.bmin = min(blocks)
-                continue
-            st.store(self)
-            try:
-                sig = self._rising(value, ref, rise, need, sigma)
-            except Exception:  # pragma: no cover - the Monitor's guard, as in update
-                if on_error is None:
-                    raise
-                on_error(i)
-                sig = None
-            if sig is not None:
-                out.append((i, sig))
-            st = _DivState(self)
-        st.store(self)
+            j = n
+            if self._log:
+                cut = np.flatnonzero(keep[i:] & (vals[i:] <= 0))
+                j = i + int(cut[0]) if cut.size else n
+            idx = i + np.flatnonzero(keep[i:j])
+            if idx.size:
+                out += _DivBatch(self, vals[idx]).run(idx.tolist(), values, on_error)
+            i = j
         return out
 
     def _reset_state_linear(self) -> None:
@@ -277,35 +260,92 @@ class Divergence(Detector):
         )
 
 
-class _DivState:
-    """Divergence's changing state as plain attributes, for the inlined batch loop."""
+class _DivBatch:
+    """One run of finite points judged in one space (the series already started)."""
 
-    __slots__ = (
-        "absdiff",
-        "blocks",
-        "bmin",
-        "cur_n",
-        "cur_sum",
-        "ema",
-        "flagged",
-        "lg",
-        "min_rise",
-        "n",
-        "over",
-        "prev",
-        "recent",
-    )
+    def __init__(self, d: Divergence, v: np.ndarray) -> None:
+        self.d = d
+        xl = list(map(math.log, v.tolist())) if d._log else v.tolist()
+        self.xl = xl
+        diffs = np.abs(np.diff(np.array([d._prev, *xl])))
+        self.recent0 = list(d._recent)
+        meds = running_medians(self.recent0, xl, d.median_window)
+        self.ads, self.emas = smooth_many(d._absdiff, d._ema, d._alpha, diffs.tolist(), meds)
+        self.sigma = 0.886 * np.array(self.ads)
+        self.ema = np.array(self.emas)
+        need = d.threshold * self.sigma * d._ema_sd
+        self.need = np.maximum(need, d.min_rise if d._log else 0.0)
+        self.n0 = d._n
 
-    def __init__(self, d: Divergence) -> None:
-        self.lg = d._log
-        self.min_rise = d.min_rise if d._log else 0.0
-        self.n, self.ema, self.prev, self.absdiff = d._n, d._ema, d._prev, d._absdiff
-        self.recent, self.blocks = d._recent, d._blocks
-        self.bmin = min(d._blocks) if d._blocks else math.inf
-        self.cur_sum, self.cur_n = d._cur_sum, d._cur_n
-        self.over, self.flagged = d._over, d._flagged
+    def run(self, idx: list[int], values: Sequence[float], on_error) -> list[tuple[int, Signal]]:
+        d = self.d
+        out: list[tuple[int, Signal]] = []
+        m = len(self.xl)
+        j = max(0, d.warmup - self.n0)  # points up to the warmup are only smoothed
+        while j < m:
+            if d._over == 0:
+                j = self._quiet(j, min(m, j + d.block - d._cur_n))
+                if j >= m:
+                    break
+            # A point judged alone: learned, or rising.
+            ema = self.emas[j]
+            ref = d._reference()
+            rise = ema - ref if math.isfinite(ref) else 0.0
+            need = float(self.need[j])
+            if rise <= need:
+                d._over = 0
+                d._flagged = 0
+                d._learn(ema)
+            else:
+                self._state(j + 1)
+                try:
+                    sig = d._rising(values[idx[j]], ref, rise, need, float(self.sigma[j]))
+                except Exception:  # pragma: no cover - the Monitor's guard, as in update
+                    if on_error is None:
+                        raise
+                    on_error(idx[j])
+                    sig = None
+                if sig is not None:
+                    out.append((idx[j], sig))
+            j += 1
+        self._state(m)
+        return out
 
-    def store(self, d: Divergence) -> None:
-        d._n, d._ema, d._prev, d._absdiff = self.n, self.ema, self.prev, self.absdiff
-        d._cur_sum, d._cur_n = self.cur_sum, self.cur_n
-        d._over, d._flagged = self.over, self.flagged
+    def _quiet(self, a: int, b: int) -> int:
+        """Learn points a..b-1 (b: where the current block fills) while none rises above
+        the reference; return the first point that does, or b."""
+        d = self.d
+        ema = self.ema[a:b]
+        cs = np.cumsum(np.concatenate(([d._cur_sum], ema)))
+        if d._blocks:
+            rise = ema - min(d._blocks)
+        else:
+            # No block yet: the reference is the mean of the current block so far.
+            cnt = d._cur_n + np.arange(b - a)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                rise = np.where(cnt > 0, ema - cs[:-1] / cnt, 0.0)
+        up = rise > self.need[a:b]
+        c = int(np.argmax(up)) if up.any() else b - a
+        if c == 0:
+            return a
+        d._over = d._flagged = 0
+        d._cur_sum = float(cs[c])
+        d._cur_n += c
+        if d._cur_n >= d.block:
+            d._blocks.append(d._cur_sum / d._cur_n)
+            if len(d._blocks) > d.ref_blocks:
+                del d._blocks[0]
+            d._cur_sum, d._cur_n = 0.0, 0
+        return a + c
+
+    def _state(self, j: int) -> None:
+        """The smoothing state ``update`` leaves after the first ``j`` points."""
+        if j == 0:
+            return
+        d = self.d
+        d._n = self.n0 + j
+        d._prev = self.xl[j - 1]
+        d._absdiff = self.ads[j - 1]
+        d._ema = self.emas[j - 1]
+        mw = d.median_window
+        d._recent[:] = (self.recent0 + self.xl[max(0, j - mw) : j])[-mw:]

@@ -12,6 +12,7 @@ import pytest
 
 from runwatch.detect import DETECTORS, Detector, Monitor, Spike, analyze_frame
 from runwatch.detect.deviation import CurveDeviation
+from runwatch.detect.divergence import Divergence
 from runwatch.detect.lr import LRSanity
 from runwatch.detect.spikescore import SpikeScore
 from runwatch.detect.stall import Stall
@@ -133,8 +134,9 @@ def test_a_refit_error_in_the_batched_deviation_counts_as_in_streaming(monkeypat
 
 
 def trouble_curves() -> dict[str, tuple[list[int], list[float]]]:
-    """Loss curves that make CurveDeviation and Stall speak: plateaus (stall, above the
-    band), an LR anneal (below the band), a huge step gap, NaN inside episodes."""
+    """Loss curves that make CurveDeviation, Stall and Divergence speak: plateaus (stall,
+    above the band), a rise, an LR anneal (below the band), a huge step gap, NaN inside
+    episodes, a loss that goes negative (log space ends)."""
     rng = np.random.default_rng(5)
     n = 12000
     s = np.arange(1, n + 1)
@@ -179,14 +181,20 @@ def _point_by_point(det: Detector, steps, values):
             if (sig := det.update(*x)) is not None]  # fmt: skip
 
 
-@pytest.mark.parametrize("cls", [CurveDeviation, Stall], ids=lambda c: c.__name__)
+SPEAKS = {
+    CurveDeviation: {"plateau", "rise", "anneal"},
+    Stall: {"plateau", "rise", "gap"},
+    Divergence: {"rise"},
+}
+
+
+@pytest.mark.parametrize("cls", list(SPEAKS), ids=lambda c: c.__name__)
 @pytest.mark.parametrize("curve", list(trouble_curves()))
-def test_batched_deviation_and_stall_equal_update_on_curves_that_flag(cls, curve):
+def test_batched_smoothers_equal_update_on_curves_that_flag(cls, curve):
     steps, values = trouble_curves()[curve]
     one = cls()
     want = _point_by_point(one, steps, values)
-    speaks = {"plateau", "rise", "anneal" if cls is CurveDeviation else "gap"}
-    if curve in speaks:
+    if curve in SPEAKS[cls]:
         assert want, "the curve should make the detector speak"
     rng = np.random.default_rng(len(curve))
     for cuts, stream_every in (
@@ -221,7 +229,7 @@ def test_batched_paths_fall_back_to_the_loop_for_unsorted_or_odd_inputs():
     steps = steps[:3000]
     values = values[:3000]
     steps[1500], steps[1501] = steps[1501], steps[1500]  # out of order
-    for cls in (CurveDeviation, Stall):
+    for cls in (CurveDeviation, Stall, Divergence):
         one, many = cls(), cls()
         assert many.update_many(steps, values) == [
             (i, s) for i, x in enumerate(zip(steps, values, strict=True))
