@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from runwatch.detect.base import Detector, Signal, check_number, guarded
 
@@ -118,17 +119,7 @@ class Regression(Detector):
         return self._changes
 
     def _refresh(self) -> None:
-        srt = sorted(self._buf)
-        n = len(srt)
-        med = srt[n // 2] if n % 2 else 0.5 * (srt[n // 2 - 1] + srt[n // 2])
-        # The same |v - med| values, their middle order statistics picked by numpy.
-        dev = np.abs(np.array(srt) - med)
-        h = n // 2
-        if n % 2:
-            mad = float(np.partition(dev, h)[h])
-        else:
-            part = np.partition(dev, (h - 1, h))
-            mad = 0.5 * (float(part[h - 1]) + float(part[h]))
+        med, mad = _median_mad(self._buf)
         self._center = med
         self._scale = max(1.4826 * mad, self.min_scale)
 
@@ -181,51 +172,106 @@ class Regression(Detector):
         values: Sequence[float],
         on_error: Callable[[int], None] | None = None,
     ) -> list[tuple[int, Signal]]:
-        """``update`` point by point, with the quiet points inlined (same result).
+        """``update`` point by point, with the quiet stretches done in numpy (same result).
 
-        A point whose CUSUM stays at or below ``h`` cannot be flagged, so the median of
-        the recent points is not needed for it: its state changes are done here with the
-        same arithmetic as ``update``; any other point goes through ``update`` itself.
+        In a quiet stretch every point is learned and the CUSUM stays at or below ``h``:
+        the baselines (median and MAD of the last ``window`` learned points, redone every
+        8) then follow from the values alone and are computed at once, the CUSUM in a
+        plain loop. The stretch stops before the first point that is an outlier (not
+        learned) or lifts the CUSUM above ``h``; that point goes through ``update``.
         """
+        if len(steps) != len(values):
+            raise ValueError(f"steps and values differ in length: {len(steps)} != {len(values)}")
         if self.min_points >= self.window:  # pragma: no cover - the scale is redone per point
             return super().update_many(steps, values, on_error)
         out: list[tuple[int, Signal]] = []
-        sign, k, h, clip = self._sign, self.k, self.h, self.clip
-        n_recent, window, min_points = self.recent, self.window, self.min_points
-        log, isfinite = math.log, math.isfinite
-        buf, rec = self._buf, self._recent
-        center, scale, cusum, since = self._center, self._scale, self._cusum, self._since
-        for i, value in enumerate(values):
-            if not (value > 0 and isfinite(value)):
-                continue  # update ignores it
-            if not self._flagged and len(buf) >= min_points:
-                d = sign * log(value)
-                z = (d - center) / scale
-                zc = min(max(z, -clip), clip)
-                c = max(0.0, cusum + zc - k)
-                if c <= h:  # not flagged whatever the recent median says
-                    rec.append(d)
-                    if len(rec) > n_recent:
-                        del rec[0]
-                    cusum = c
-                    if z < clip:
-                        buf.append(d)
-                        if len(buf) > window:
-                            del buf[0]
-                        since += 1
-                        if since >= 8:
-                            since = 0
-                            self._refresh()
-                            center, scale = self._center, self._scale
+        vals = np.asarray(values, dtype=float)
+        idx = np.flatnonzero((vals > 0) & np.isfinite(vals))  # update ignores the others
+        dl = self._sign * np.array(list(map(math.log, vals[idx].tolist())))
+        idx_l = idx.tolist()
+        p, chunk = 0, 32
+        # A stretch is tried when its first point cannot lift the CUSUM above h: near h
+        # a stretch would stop at once, so those points go through update.
+        calm = self.h - (self.clip - self.k)
+        while p < len(idx_l):
+            if not self._flagged and len(self._buf) >= self.min_points and self._cusum <= calm:
+                stop = min(len(idx_l), p + chunk)
+                q = self._quiet_stretch(dl, p, stop)
+                chunk = min(chunk * 2, 8192) if q == stop else 32
+                if q > p:
+                    p = q
                     continue
-            self._cusum, self._since = cusum, since
-            sig = guarded(self.update, steps[i], value, i, on_error)
+            i = idx_l[p]
+            sig = guarded(self.update, steps[i], values[i], i, on_error)
             if sig is not None:
                 out.append((i, sig))
-            buf, rec = self._buf, self._recent
-            center, scale, cusum, since = self._center, self._scale, self._cusum, self._since
-        self._cusum, self._since = cusum, since
+            p += 1
         return out
+
+    def _quiet_stretch(self, dl: np.ndarray, a: int, b: int) -> int:
+        """Run points a..b-1 of ``dl`` as ``update`` would while the CUSUM stays at or
+        below ``h``; return where that stops, with the state moved up to it.
+
+        Which points are learned (not outliers) decides when the baseline is redone, and
+        the baseline decides which points are outliers: guess, recompute, and keep the
+        guess up to the first point it got wrong, until it holds (a point's baseline
+        depends only on the points before it, so each round fixes at least one more).
+        """
+        buf = self._buf
+        m, n = len(buf), b - a
+        d = dl[a:b]
+        learn = (d - self._center) / self._scale < self.clip  # the first guess
+        while True:
+            z, centers, scales, pos = self._zscores(d, learn)
+            now = z < self.clip
+            bad = np.flatnonzero(now != learn)
+            if not bad.size:
+                break
+            learn[bad[0] :] = now[bad[0] :]
+        zc = np.minimum(np.maximum(z, -self.clip), self.clip).tolist()
+        cus = self._cusum
+        k, h = self.k, self.h
+        c = 0
+        while c < n:
+            nxt = max(0.0, cus + zc[c] - k)
+            if nxt > h:
+                break
+            cus = nxt
+            c += 1
+        if c == 0:
+            return a
+        self._cusum = cus
+        recent = self._recent
+        recent.extend(d[:c].tolist())
+        del recent[: max(0, len(recent) - self.recent)]
+        nl = int(learn[:c].sum())
+        if nl:
+            seq = np.concatenate((np.array(buf), d[:c][learn[:c]]))
+            self._buf = seq[max(0, m + nl - self.window) :].tolist()
+        self._since = (self._since + nl) % 8
+        r = int(np.searchsorted(pos, c, side="left"))  # refreshes before point c
+        self._center, self._scale = centers[r], scales[r]
+        return a + c
+
+    def _zscores(self, d: np.ndarray, learn: np.ndarray):
+        """z of each point of ``d`` against the baseline in force before it, if the
+        points in ``learn`` are the ones learned; with the baselines and where each one
+        is redone (after the point at ``pos``)."""
+        buf = self._buf
+        m = len(buf)
+        seq = np.concatenate((np.array(buf), d[learn]))
+        # Redone after learning the points where the count since the last refresh
+        # reaches 8, over the last ``window`` learned points.
+        rec = np.arange(7 - self._since, int(learn.sum()), 8)
+        pos = np.flatnonzero(learn)[rec]
+        centers = [self._center]
+        scales = [self._scale]
+        for c, sc in zip(*_baselines(seq, m + rec + 1, self.window), strict=True):
+            centers.append(c)
+            scales.append(max(1.4826 * sc, self.min_scale))
+        before = np.searchsorted(pos, np.arange(d.size), side="left")
+        z = (d - np.array(centers)[before]) / np.array(scales)[before]
+        return z, centers, scales, pos
 
     def _signal(self, value: float, change: float) -> Signal:
         c, s = self._center, self._clip_band()
@@ -255,3 +301,44 @@ class Regression(Detector):
 
     def _clip_band(self) -> float:
         return 3.0 * self._scale
+
+
+def _baselines(seq: np.ndarray, ends: np.ndarray, window: int) -> tuple[list[float], list[float]]:
+    """Median and MAD (unscaled) of ``seq[max(0, e - window):e]`` for each end ``e``, as
+    ``Regression._refresh`` forms them: the same order statistics of the same values."""
+    meds: list[float] = []
+    mads: list[float] = []
+    full = ends >= window
+    if full.any():
+        rows = np.sort(sliding_window_view(seq, window)[ends[full] - window], axis=1)
+        h = window // 2
+        med = rows[:, h] if window % 2 else 0.5 * (rows[:, h - 1] + rows[:, h])
+        dev = np.abs(rows - med[:, None])
+        if window % 2:
+            mad = np.partition(dev, h, axis=1)[:, h]
+        else:
+            part = np.partition(dev, (h - 1, h), axis=1)
+            mad = 0.5 * (part[:, h - 1] + part[:, h])
+        it = iter(zip(med.tolist(), mad.tolist(), strict=True))
+    for e, f in zip(ends.tolist(), full.tolist(), strict=True):
+        if f:
+            md, sc = next(it)
+        else:
+            md, sc = _median_mad(seq[:e].tolist())  # fewer than ``window`` learned yet
+        meds.append(md)
+        mads.append(sc)
+    return meds, mads
+
+
+def _median_mad(vals: list[float]) -> tuple[float, float]:
+    """Median and MAD (unscaled) of ``vals``; the middle order statistics of the
+    deviations are picked by numpy."""
+    srt = sorted(vals)
+    n = len(srt)
+    med = srt[n // 2] if n % 2 else 0.5 * (srt[n // 2 - 1] + srt[n // 2])
+    dev = np.abs(np.array(srt) - med)
+    h = n // 2
+    if n % 2:
+        return med, float(np.partition(dev, h)[h])
+    part = np.partition(dev, (h - 1, h))
+    return med, 0.5 * (float(part[h - 1]) + float(part[h]))

@@ -108,7 +108,7 @@ def fit_power_law(
 
 def _soft_l1(r: np.ndarray, f2: float) -> float:
     """scipy's soft-L1 cost: 0.5·Σ f²·2(√(1 + r²/f²) − 1)."""
-    return float(f2 * np.sum(np.sqrt(1.0 + r * r / f2) - 1.0))
+    return float(f2 * (np.sqrt(1.0 + r * r / f2) - 1.0).sum())
 
 
 def _solve(
@@ -133,10 +133,13 @@ def _solve(
     f2 = f_scale * f_scale
     p = p0.astype(float).copy()
 
-    def resid(q: np.ndarray) -> np.ndarray:
-        return sw * (q[0] + q[1] * np.power(xs + q[3], -q[2]) - y)
+    def resid(q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        # Also (xs + s0) and its power: the Jacobian at an accepted step reuses them.
+        base = xs + q[3]
+        pw = np.power(base, -q[2])
+        return sw * (q[0] + q[1] * pw - y), base, pw
 
-    r = resid(p)
+    r, base, pw = resid(p)
     cost = _soft_l1(r, f2)
     if not math.isfinite(cost):
         return p, math.inf
@@ -144,8 +147,6 @@ def _solve(
     jac = np.empty((xs.size, 4))
     jac[:, 0] = sw
     for _ in range(max_iter):
-        base = xs + p[3]
-        pw = np.power(base, -p[2])
         jac[:, 1] = sw * pw
         t = (-p[1]) * jac[:, 1]
         jac[:, 2] = t * np.log(base)
@@ -161,7 +162,8 @@ def _solve(
             g, h = g[free], h[np.ix_(free, free)]
         else:
             free = None
-        dh = np.maximum(h.diagonal(), 1e-12 * max(float(h.diagonal().max()), 1e-300))
+        diag = h.diagonal()
+        dh = np.maximum(diag, 1e-12 * max(float(diag.max()), 1e-300))
         while True:
             try:
                 d = np.linalg.solve(h + np.diag(lam * dh), -g)
@@ -172,7 +174,7 @@ def _solve(
                 if free is not None:
                     pn[free] += d
                 pn = np.minimum(np.maximum(pn, lo), hi)
-                rn = resid(pn)
+                rn, base_n, pw_n = resid(pn)
                 cn = _soft_l1(rn, f2)
                 if cn < cost:
                     # Nielsen's damping update: follow how well the model predicted the gain.
@@ -186,8 +188,8 @@ def _solve(
             if lam > 1e12:
                 return p, cost  # no step lowers the cost: a (bounded) minimum
         gain = cost - cn
-        small = bool(np.all(np.abs(pn - p) <= 1e-10 * (np.abs(pn) + 1e-10)))
-        p, r, cost = pn, rn, cn
+        small = bool((np.abs(pn - p) <= 1e-10 * (np.abs(pn) + 1e-10)).all())
+        p, r, cost, base, pw = pn, rn, cn, base_n, pw_n
         if gain <= ftol * cost or small:
             break
     return p, cost

@@ -14,6 +14,7 @@ from runwatch.detect import DETECTORS, Detector, Monitor, Spike, analyze_frame
 from runwatch.detect.deviation import CurveDeviation
 from runwatch.detect.divergence import Divergence
 from runwatch.detect.lr import LRSanity
+from runwatch.detect.regression import Regression
 from runwatch.detect.spikescore import SpikeScore
 from runwatch.detect.stall import Stall
 
@@ -149,6 +150,9 @@ def trouble_curves() -> dict[str, tuple[list[int], list[float]]]:
     anneal[7000:] *= np.linspace(1.0, 0.8, n - 7000)
     rise = noisy.copy()
     rise[4000:] *= 1.0 + np.minimum(np.arange(n - 4000) / 3000, 0.2)
+    jump = noisy.copy()
+    jump[6000:8000] *= 1.1  # a step up and back down (a slower data path, say)
+    jump[6000:8000:50] *= 3.0  # with isolated slow steps inside
     gap_s = s.copy()
     gap_s[6000:] = gap_s[6000:] * 5  # the steps jump: beyond twice the last learned one
     quiet_late = noisy.copy()
@@ -157,6 +161,7 @@ def trouble_curves() -> dict[str, tuple[list[int], list[float]]]:
         "plateau": (s.tolist(), plateau.tolist()),
         "anneal": (s.tolist(), anneal.tolist()),
         "rise": (s.tolist(), rise.tolist()),
+        "jump": (s.tolist(), jump.tolist()),
         "gap": (gap_s.tolist(), noisy.tolist()),
         "inf": (s.tolist(), quiet_late.tolist()),
         "sign_change": (s.tolist(), (noisy - 3.0).tolist()),  # log space ends mid-run
@@ -185,6 +190,7 @@ SPEAKS = {
     CurveDeviation: {"plateau", "rise", "anneal"},
     Stall: {"plateau", "rise", "gap"},
     Divergence: {"rise"},
+    Regression: {"jump"},
 }
 
 
@@ -229,7 +235,7 @@ def test_batched_paths_fall_back_to_the_loop_for_unsorted_or_odd_inputs():
     steps = steps[:3000]
     values = values[:3000]
     steps[1500], steps[1501] = steps[1501], steps[1500]  # out of order
-    for cls in (CurveDeviation, Stall, Divergence):
+    for cls in (CurveDeviation, Stall, Divergence, Regression):
         one, many = cls(), cls()
         assert many.update_many(steps, values) == [
             (i, s) for i, x in enumerate(zip(steps, values, strict=True))
