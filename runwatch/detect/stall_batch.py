@@ -86,11 +86,9 @@ def run(d: Stall, steps: list[int], values: list[float], idx: list[int]) -> list
     dls = ls_b - ls_a
     gap = dls > 0.5 * _LN2
     zse = d.z * (sig_after * np.sqrt(2.0 / w))
-    out = _loop(
-        d, n0, values, idx, xl, ls.tolist(), k.tolist(), sig_after.tolist(), cur,
-        [w.tolist(), ready.tolist(), mean_a.tolist(), mean_b.tolist(), ls_start.tolist(),
-         dls.tolist(), gap.tolist(), zse.tolist()],
-    )  # fmt: skip
+    b = _Batch(d, n0, values, idx, xl, ls, k, sig_after, cur)
+    b.window_test(w, ready, mean_a, mean_b, ls_start, dls, gap, zse)
+    out = b.run()
     # The state update leaves after the last point.
     d._n = n0 + m
     d._cx, d._cl = float(cx[-1]), float(cl[-1])
@@ -136,7 +134,200 @@ def _all_bins(
     return [s0, s1, s2]
 
 
-def _loop(d: Stall, n0, values, idx, xl, ls_l, k_l, sig_l, cur, win) -> list:
+class _Batch:
+    """The two tests over one batch: quiet chunks at once, the others point by point."""
+
+    CHUNK = 2048
+
+    def __init__(self, d: Stall, n0, values, idx, xl, ls, k, sig, cur) -> None:
+        self.d, self.n0, self.values, self.idx = d, n0, values, idx
+        self.xl, self.x = xl, np.array(xl)
+        self.ls, self.k, self.sig = ls, k, sig
+        self.ls_l, self.k_l = ls.tolist(), k.tolist()
+        self.cur = [np.array(c) for c in cur]
+        self.cur_l = cur
+        self.m = len(xl)
+        n = n0 + 1 + np.arange(self.m)
+        self.short = n >= d.min_points
+        self.long = (n >= d.long_min_points) & d.long_test
+        self.flushed = 0
+
+    def window_test(self, w, ready, mean_a, mean_b, ls_start, dls, gap, zse) -> None:
+        self.win = (w, ready, mean_a, mean_b, ls_start, dls, gap, zse)
+        self.w, self.ls_start, self.dls, self.gap, self.zse = w, ls_start, dls, gap, zse
+        self.d_obs = mean_a - mean_b
+        self.chk = self.short & ready
+
+    def run(self) -> list:
+        d = self.d
+        out: list = []
+        a = 0
+        while a < self.m:
+            e = min(self.m, a + self.CHUNK)
+            if d._over or d._flagged or d._long.over or not self._quiet(a, e):
+                self._flush(a)
+                out += self._loop(a, e)
+                self.flushed = e
+            a = e
+        self._flush(self.m)
+        return out
+
+    def _flush(self, upto: int) -> None:
+        """Learn the points from ``flushed`` up to ``upto`` (a quiet chunk learns all), as
+        ``_learn`` adds them (a few dozen at a time: a plain loop is cheapest)."""
+        bins, k_l, ls_l, xl = self.d._bins, self.k_l, self.ls_l, self.xl
+        for j in range(self.flushed, upto):
+            b = bins.get(k_l[j])
+            if b is None:
+                bins[k_l[j]] = [ls_l[j], xl[j], 1.0]
+            else:
+                b[0] += ls_l[j]
+                b[1] += xl[j]
+                b[2] += 1.0
+        self.flushed = max(self.flushed, upto)
+
+    def _quiet(self, a: int, e: int) -> bool:
+        """Run points a..e-1 at once if none of them is flagged (then every point is
+        learned); False, with the state as it was, if one would be."""
+        d, lt = self.d, self.d._long
+        keep = (
+            {kk: list(v) for kk, v in d._bins.items()},
+            list(d._resid),
+            (d._slope_cache, d._slope_age, d._resid_scale, d._resid_age),
+            (lt.k, lt.a, lt.b, lt.slope, lt.sampled, list(lt.resid), lt.resid_n, lt.resid_scale),
+        )
+        tested = a + np.flatnonzero(self.chk[a:e])
+        redo = list(range(max(d._slope_age, 1) - 1, tested.size, 32))
+        pts = a + np.flatnonzero(self.long[a:e])
+        kk = self.k[pts]
+        new = np.flatnonzero(np.diff(kk, prepend=lt.k) != 0)  # a new bin of the octave test
+        # Reference slopes read the learned bins: redo them in point order, learning the
+        # points before each (all are learned in a quiet chunk).
+        events = sorted(
+            [(int(tested[t]), 0) for t in redo] + [(int(pts[u]), 1) for u in new.tolist()]
+        )
+        slopes: list[float | None] = [d._slope_cache]
+        octaves: list[tuple] = [(lt.a, lt.b, lt.slope)]
+        for j, kind in events:
+            self._flush(j)
+            if kind == 0:
+                slopes.append(d._slope(float(self.ls_start[j])))
+            else:
+                k = self.k_l[j]
+                lt.new_bin(k, d._all_bins, d.per_octave)
+                lt.slope = d._slope((k - d.per_octave) * _LN2 / d.per_octave)
+                octaves.append((lt.a, lt.b, lt.slope))
+        if self._quiet_short(tested, redo, slopes) and self._quiet_long(pts, new, octaves):
+            self._flush(e)
+            return True
+        bins, resid = d._bins, d._resid
+        bins.clear()
+        bins.update(keep[0])
+        resid.clear()
+        resid.extend(keep[1])
+        d._slope_cache, d._slope_age, d._resid_scale, d._resid_age = keep[2]
+        lt.k, lt.a, lt.b, lt.slope, lt.sampled, res, lt.resid_n, lt.resid_scale = keep[3]
+        lt.resid.clear()
+        lt.resid.extend(res)
+        self.flushed = a
+        return False
+
+    def _quiet_short(self, tested: np.ndarray, redo: list[int], slopes: list) -> bool:
+        """The window test at the ``tested`` points if nothing is flagged: the reference
+        slope redone at the ``redo``-th of them, the statistic's scatter sampled every
+        max(w // 4, 1) points that have a slope."""
+        d = self.d
+        t_n = tested.size
+        if not t_n:
+            return True
+        d._slope_age = 32 - (t_n - 1 - redo[-1]) if redo else d._slope_age - t_n
+        d._slope_cache = slopes[-1]
+        which = np.searchsorted(np.array(redo, dtype=np.int64), np.arange(t_n), side="right")
+        sl = np.array([math.nan if v is None else v for v in slopes])[which]
+        ok = (sl < 0) & ~self.gap[tested]  # NaN (no slope) compares False
+        el = tested[ok]
+        if not el.size:
+            return True
+        d_exp = -sl[ok] * self.dls[el]
+        d_obs = self.d_obs[el]
+        w = self.w
+        resid = d._resid
+        samples: list[int] = []
+        scales = [d._resid_scale]
+        u = max(d._resid_age, 1) - 1
+        while u < el.size:
+            resid.append(float(d_obs[u]) - float(d_exp[u]))
+            if len(resid) >= 8:
+                srt = sorted(resid)
+                mid = srt[len(srt) // 2]
+                dev = sorted([abs(r - mid) for r in srt])
+                d._resid_scale = 1.4826 * dev[len(dev) // 2]
+            samples.append(u)
+            scales.append(d._resid_scale)
+            u += max(int(w[el[u]]) // 4, 1)
+        d._resid_age = u - (el.size - 1) if samples else d._resid_age - el.size
+        before = np.searchsorted(np.array(samples, dtype=np.int64), np.arange(el.size))
+        rs = np.array(scales)[before]  # the scale a point is tested with: before its sample
+        need = np.maximum(np.maximum(self.zse[el], d.z_resid * rs), d.min_fall)
+        return not bool(np.any((d_exp > need) & (d_obs < d.stall_frac * d_exp)))
+
+    def _quiet_long(self, pts: np.ndarray, new: np.ndarray, octaves: list[tuple]) -> bool:
+        """The octave test at ``pts`` if nothing is flagged: the halves and the reference
+        slope from ``octaves`` (the current one, then one per ``new`` bin), the scatter
+        sampled at the first point of a bin that reaches the test."""
+        d, lt = self.d, self.d._long
+        if not pts.size:
+            return True
+        c0, c1, c2 = self.cur
+        starts = sorted({0, *new.tolist()})
+        which = {u: i + 1 for i, u in enumerate(new.tolist())}
+        for s0, s1 in itertools.pairwise([*starts, pts.size]):
+            (_, _, na), (b0, b1, b2), slope = octaves[which.get(s0, 0)]
+            if slope is None or slope >= 0:
+                continue
+            js = pts[s0:s1]
+            nb = b2 + c2[js]
+            el = np.minimum(na, nb) >= d.min_window
+            if not el.any():
+                continue
+            js, nb = js[el], nb[el]
+            a0, a1 = octaves[which.get(s0, 0)][0][:2]
+            mean_a = a1 / na
+            mean_b = (b1 + c1[js]) / nb
+            d_exp = -slope * ((b0 + c0[js]) / nb - a0 / na)
+            d_obs = mean_a - mean_b
+            se = self.sig[js] * np.sqrt(1.0 / na + 1.0 / nb)
+            rs = np.full(js.size, lt.resid_scale)
+            rn = np.full(js.size, lt.resid_n)
+            k = self.k_l[int(js[0])]
+            if lt.sampled != k:
+                # The first point of the bin that reaches the test samples the scatter.
+                need0 = max(d.z * float(se[0]), d.long_z_resid * lt.resid_scale, d.min_fall)
+                de0, do0 = float(d_exp[0]), float(d_obs[0])
+                if lt.resid_n >= lt.MIN_RESID and de0 > need0 and do0 < d.stall_frac * de0:
+                    return False
+                lt.sampled = k
+                lt.add_resid(do0 - de0)
+                rs[1:] = lt.resid_scale
+                rn[1:] = lt.resid_n
+            need = np.maximum(np.maximum(d.z * se, d.long_z_resid * rs), d.min_fall)
+            hit = (rn >= lt.MIN_RESID) & (d_exp > need) & (d_obs < d.stall_frac * d_exp)
+            if hit.any():
+                return False
+        return True
+
+    def _loop(self, a: int, e: int) -> list:
+        """Points a..e-1 one by one (a chunk where something is flagged)."""
+        win = [v[a:e].tolist() for v in self.win]
+        cur = [c[a:e] for c in self.cur_l]
+        out = _loop_range(
+            self.d, self.n0 + a, self.values[a:e], self.idx[a:e], self.xl[a:e],
+            self.ls_l[a:e], self.k_l[a:e], self.sig[a:e].tolist(), cur, win, 0, e - a,
+        )  # fmt: skip
+        return out
+
+
+def _loop_range(d: Stall, n0, values, idx, xl, ls_l, k_l, sig_l, cur, win, a, e) -> list:
     """The two tests and the learning, point by point, on precomputed figures."""
     w_l, ready_l, ma_l, mb_l, lss_l, dls_l, gap_l, zse_l = win
     c0_l, c1_l, c2_l = cur
@@ -153,7 +344,7 @@ def _loop(d: Stall, n0, values, idx, xl, ls_l, k_l, sig_l, cur, win) -> list:
     slope_cache, slope_age = d._slope_cache, d._slope_age
     resid_scale, resid_age = d._resid_scale, d._resid_age
     sqrt = math.sqrt
-    for j in range(len(xl)):
+    for j in range(a, e):
         n = n0 + j + 1
         sig = None
         if n >= min_points:
