@@ -310,10 +310,10 @@ class CurveDeviation(Detector):
             if left > 0 and self._law is None:
                 j = b.learn_all(j, min(m, j + left))
                 continue
-            quiet = not (self._over or self._under or self._stalled or self._flagged)
+            quiet = not (self._over or self._stalled or self._flagged)
             if left > 0 and quiet:
                 stop = min(m, j + left, j + chunk)
-                c = b.quiet_stretch(j, stop)
+                c = b.quiet_stretch(j, stop, out, fin, values)
                 chunk = min(chunk * 2, 8192) if c == stop else 256
                 if c > j:
                     j = c

@@ -67,29 +67,21 @@ class Batch:
         if top > d._last_learned:
             d._last_learned = float(top)
 
-    def quiet_stretch(self, a: int, b: int) -> int:
-        """Run points a..b-1 as ``update`` would while none leaves the band, stalls or
-        jumps too far; return where that stops, with the state moved up to it."""
+    def quiet_stretch(self, a: int, b: int, out: list, idx: np.ndarray, values) -> int:
+        """Run points a..b-1 as ``update`` would while none rises above the band, stalls
+        or jumps too far; return where that stops, with the state moved up to it. Points
+        below the band count as ``update`` counts them, and ``(index, signal)`` for those
+        flagged ("better than expected") go to ``out``."""
         d = self.d
         law = d._law
         assert law is not None
         st = self.st[a:b]
         stf = st.astype(float)
-        steps = self.steps[a:b]
         ema = self.ema[a:b]
         n = b - a
         # A·max(step + s0, 1e-9)^-α with Python's pow, as update computes it.
         now = law.A * _pow(np.maximum(stf + law.s0, 1e-9), -law.alpha)
-        exp_raw = (now + law.E).tolist()
-        e = d._exp_ema
-        exp_l = []
-        alpha = d._alpha
-        for r in exp_raw:
-            if e != e:
-                e = r
-            else:
-                e += alpha * (r - e)
-            exp_l.append(e)
+        exp_l = _ema_of((now + law.E).tolist(), d._exp_ema, d._alpha)
         exp_v = np.array(exp_l)
         sigma = 0.886 * self.ad[a:b] * d._ema_sd
         fs = d._fit_step
@@ -98,7 +90,7 @@ class Batch:
             d.band_sigmas * sigma,
             (d.rel_margin + d._val_err + d.extrap_rel * extrap) * np.abs(exp_v),
         )
-        stop = (ema > exp_v + half) | (ema < exp_v - half)
+        stop = ema > exp_v + half
         learn = ema <= exp_v + d.learn_frac * half
         # Beyond twice the last learned step (before this point): update drops the law.
         prev_top = np.maximum.accumulate(np.where(learn, stf, -math.inf))
@@ -111,10 +103,14 @@ class Batch:
         if j0 < n:
             q0 = h0 + j0 + 1 - w  # its entry's index in hist + this stretch
             old = hist[q0 : q0 + n - j0]
-            s0, s1 = max(q0 - h0, 0), max(q0 - h0, 0) + n - j0 - len(old)
-            then_s = np.array([s for s, _ in old] + steps[s0:s1], dtype=float)
-            then_e = np.array([v for _, v in old] + self.ema_l[a + s0 : a + s1])
-            then = law.A * _pow(np.maximum(then_s + law.s0, 1e-9), -law.alpha)
+            s0 = max(q0 - h0, 0)
+            s1 = s0 + n - j0 - len(old)
+            then_s = np.concatenate((np.array([s for s, _ in old], dtype=float), stf[s0:s1]))
+            then_e = np.concatenate((np.array([v for _, v in old]), ema[s0:s1]))
+            then = np.concatenate(
+                (law.A * _pow(np.maximum(then_s[: len(old)] + law.s0, 1e-9), -law.alpha),
+                 now[s0:s1])
+            )  # fmt: skip
             d_exp = then - now[j0:]
             e_now = ema[j0:]
             d_obs = then_e - e_now
@@ -125,11 +121,44 @@ class Batch:
         c = int(np.argmax(stop)) if stop.any() else n
         if c == 0:
             return a
-        new = list(zip(steps[:c], self.ema_l[a : a + c], strict=True))
-        d._hist = (hist + new)[-w:] if h0 + c > w else hist + new
+        # Below the band: a run of points counts up, and from ``patience`` on it is info.
+        below = (ema[:c] < exp_v[:c] - half[:c]).astype(np.int64)
+        if below.any():
+            run = np.cumsum(below)
+            reset = np.maximum.accumulate(np.where(below == 0, run, -1))
+            count = np.where(reset >= 0, run - reset, run + d._under) * below
+            d._under = int(count[-1])
+            for j in np.flatnonzero(count >= d.patience).tolist():
+                d._under = int(count[j])
+                sig = d._signal(
+                    "info", self.steps[a + j], values[int(idx[a + j])], float(ema[j]),
+                    exp_l[j], float(half[j]), "below",
+                )  # fmt: skip
+                out.append((int(idx[a + j]), sig))
+            d._under = int(count[-1])
+        else:
+            d._under = 0
+        keep = min(c, w)
+        new = list(
+            zip(self.steps[a + c - keep : a + c], self.ema_l[a + c - keep : a + c], strict=True)
+        )
+        d._hist = (hist + new)[-w:] if h0 + keep > w else hist + new
         d._exp_ema = exp_l[c - 1]
         self._learn(a + np.flatnonzero(learn[:c]))
         return a + c
+
+
+def _ema_of(raw: list[float], e: float, alpha: float) -> list[float]:
+    """The expected value's EMA after each of ``raw`` (NaN ``e``: it starts at the first)."""
+    out = []
+    if e != e:
+        e = raw[0]
+        out.append(e)
+        raw = raw[1:]
+    for r in raw:
+        e += alpha * (r - e)
+        out.append(e)
+    return out
 
 
 def _pow(base: np.ndarray, exp: float) -> np.ndarray:
