@@ -280,11 +280,12 @@ class CurveDeviation(Detector):
 
         The smoothing (median of 5, noise EMA, loss EMA) depends on the values alone, so
         it is computed for the whole batch first. Between two refits the law is fixed: a
-        stretch without a law only learns; a stretch with one, while no counter runs, is
-        tested at once and stops at the first point that is above or below the band,
-        stalled, or beyond twice the last learned step. That point, each refit point and
-        every point while a counter runs go through ``update`` itself. Needs int steps in
-        order and float values (what batch replay gives); otherwise the plain loop.
+        stretch without a law only learns; a stretch with one is tested at once and stops
+        at the first point that is above the band, stalled, or beyond twice the last
+        learned step (points below the band are counted, and flagged, there too). That
+        point, each refit point and every point while the above-band or stall counter
+        runs go through ``update`` itself. Needs int steps in order and float values (what
+        batch replay gives); otherwise the plain loop.
         """
         if len(steps) != len(values):
             raise ValueError(f"steps and values differ in length: {len(steps)} != {len(values)}")

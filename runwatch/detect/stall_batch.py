@@ -3,8 +3,10 @@
 Kept apart from the detector because only batch replay needs it. What depends on the
 values alone - logs, the running median and the clip, the noise scale, the running sums
 of the window test, the octave bins of every point - is computed for the whole batch in
-numpy; a lean loop then runs the two tests, whose state (reference slopes, the scatter of
-the statistic, the learned bins) depends on what was flagged. Every figure is formed by
+numpy. The two tests, whose state (reference slopes, the scatter of the statistic, the
+learned bins) depends on what was flagged, then run over chunks: a chunk where nothing
+is flagged (nearly all of them) is tested at once; any other goes point by point, in a
+lean loop on the precomputed figures. Every figure is formed by
 the same float operations in the same order as ``Stall.update`` forms it
 (``tests/detect/test_batch.py`` checks signals and state bit for bit).
 """
@@ -153,12 +155,14 @@ class _Batch:
         self.flushed = 0
 
     def window_test(self, w, ready, mean_a, mean_b, ls_start, dls, gap, zse) -> None:
+        """The window test's figures of every point (decided by the values alone)."""
         self.win = (w, ready, mean_a, mean_b, ls_start, dls, gap, zse)
         self.w, self.ls_start, self.dls, self.gap, self.zse = w, ls_start, dls, gap, zse
         self.d_obs = mean_a - mean_b
         self.chk = self.short & ready
 
     def run(self) -> list:
+        """Every point, chunk by chunk; ``(index, signal)`` for the flagged."""
         d = self.d
         out: list = []
         a = 0
@@ -322,13 +326,14 @@ class _Batch:
         cur = [c[a:e] for c in self.cur_l]
         out = _loop_range(
             self.d, self.n0 + a, self.values[a:e], self.idx[a:e], self.xl[a:e],
-            self.ls_l[a:e], self.k_l[a:e], self.sig[a:e].tolist(), cur, win, 0, e - a,
+            self.ls_l[a:e], self.k_l[a:e], self.sig[a:e].tolist(), cur, win,
         )  # fmt: skip
         return out
 
 
-def _loop_range(d: Stall, n0, values, idx, xl, ls_l, k_l, sig_l, cur, win, a, e) -> list:
-    """The two tests and the learning, point by point, on precomputed figures."""
+def _loop_range(d: Stall, n0, values, idx, xl, ls_l, k_l, sig_l, cur, win) -> list:
+    """The two tests and the learning, point by point, on precomputed figures (``n0``:
+    the count before the first of them)."""
     w_l, ready_l, ma_l, mb_l, lss_l, dls_l, gap_l, zse_l = win
     c0_l, c1_l, c2_l = cur
     out: list[tuple[int, Signal]] = []
@@ -344,7 +349,7 @@ def _loop_range(d: Stall, n0, values, idx, xl, ls_l, k_l, sig_l, cur, win, a, e)
     slope_cache, slope_age = d._slope_cache, d._slope_age
     resid_scale, resid_age = d._resid_scale, d._resid_age
     sqrt = math.sqrt
-    for j in range(a, e):
+    for j in range(len(xl)):
         n = n0 + j + 1
         sig = None
         if n >= min_points:
