@@ -9,7 +9,8 @@ machine is shared, so CPU time is the steadier figure.
 The per-detector breakdown runs each default detector alone over every series of its
 role, point by point (``update``) and batched (``update_many``), in microseconds per point
 of that detector and in CPU seconds over all runs; "share" is the batched time against
-the batch replay's total.
+the batch replay's total. The last line is the part of CurveDeviation's batched time
+spent in its power-law refits (a cost per refit, not per point).
 
     /work/venv/bin/python bench/replay_speed.py            # 3 repeats
     /work/venv/bin/python bench/replay_speed.py --repeats 5
@@ -30,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from runwatch.detect import analyze_frame  # noqa: E402
+from runwatch.detect.deviation import CurveDeviation  # noqa: E402
 from runwatch.detect.roles import DEFAULT_DETECTORS, role_of  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "real_runs"
@@ -89,6 +91,29 @@ def per_detector(series) -> pd.DataFrame:
     return df.sort_values("batch_s", ascending=False)
 
 
+class _TimedRefits(CurveDeviation):
+    """CurveDeviation that adds up the CPU time of its power-law refits."""
+
+    cpu = 0.0
+    fits = 0
+
+    def _refit(self, step: float) -> None:
+        c0 = time.process_time()
+        super()._refit(step)
+        _TimedRefits.cpu += time.process_time() - c0
+        _TimedRefits.fits += 1
+
+
+def refit_cpu(series) -> tuple[float, int]:
+    """CPU seconds and count of CurveDeviation's refits in a batched run over the loss
+    series (the part of its time that does not scale with the points)."""
+    _TimedRefits.cpu, _TimedRefits.fits = 0.0, 0
+    for role, st, v in series:
+        if role == "loss":
+            _TimedRefits().update_many(st, v)
+    return _TimedRefits.cpu, _TimedRefits.fits
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DATA)
@@ -118,6 +143,11 @@ def main() -> None:
         det[["points", "stream_us", "batch_us", "stream_s", "batch_s", "share"]].to_string(
             float_format=lambda x: f"{x:.2f}"
         )
+    )
+    cpu, fits = refit_cpu(series_of(runs))
+    print(
+        f"CurveDeviation power-law refits: {cpu:.2f} s CPU ({fits} refits), "
+        f"share {cpu / totals['batch']:.2f}"
     )
 
 
