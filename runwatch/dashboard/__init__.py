@@ -10,7 +10,12 @@ another file.
 from pathlib import Path
 
 APP_PATH = Path(__file__).with_name("app.py")
+SERVE_PATH = Path(__file__).with_name("asgi_app.py")
+"""What ``streamlit run`` is given: the router wrapped in runwatch's ASGI app."""
 DB_ENV = "RUNWATCH_DASHBOARD_DB"
+CHART_PAGES = ("run", "anomalies", "compare", "fleet")
+"""Url paths of the pages that draw plotly charts (see ``app.PAGES``): their HTML tells the
+browser to fetch plotly.js at once (``preload.py``)."""
 
 
 def app_icon() -> str:
@@ -18,4 +23,4 @@ def app_icon() -> str:
     return "📈"
 
 
-__all__ = ["APP_PATH", "DB_ENV", "app_icon"]
+__all__ = ["APP_PATH", "CHART_PAGES", "DB_ENV", "SERVE_PATH", "app_icon"]

@@ -462,9 +462,10 @@ def run_figure(
 def placeholder_figure(height: int, text: str) -> go.Figure:
     """An empty chart of the final height, sent before the data is read.
 
-    The browser loads plotly.js (a 4.7 MB script Streamlit fetches only when the first chart
-    arrives) and reserves the chart's space while the server reads and fits; the real
-    figure then replaces it in place, without the page jumping.
+    The browser starts running plotly.js (a 4.7 MB script Streamlit loads only when the first
+    chart arrives; chart pages have it fetched with the page, ``preload.py``) and reserves
+    the chart's space while the server reads and fits; the real figure then replaces it in
+    place, without the page jumping.
     """
     fig = go.Figure()
     fig.add_annotation(

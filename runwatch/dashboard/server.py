@@ -4,6 +4,9 @@
 server directly and the process measured is the server); ``runwatch demo`` starts the same
 command as a child next to the run it writes. The store path travels in ``DB_ENV``, never in
 the URL, so a browser cannot point the server at another file.
+
+What Streamlit runs is ``asgi_app.py``: Streamlit's own ASGI app (``st.App``) around the
+router, with runwatch's preload hints (``preload.py``), served by uvicorn.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import urllib.request
 import webbrowser
 from pathlib import Path
 
-from runwatch.dashboard import APP_PATH, DB_ENV
+from runwatch.dashboard import DB_ENV, SERVE_PATH
 
 log = logging.getLogger("runwatch.dashboard")
 
@@ -30,10 +33,11 @@ DEFAULT_PORT = 8501
 
 def streamlit_args(host: str, port: int) -> list[str]:
     """``streamlit run`` arguments: headless (we open the browser ourselves, so Streamlit
-    never asks for an e-mail on first run), no telemetry, no file watcher, a light theme."""
+    never asks for an e-mail on first run), no telemetry, no file watcher, a light theme.
+    The script is the ASGI wrapper (``asgi_app.py``), which serves the router."""
     return [
         "run",
-        str(APP_PATH),
+        str(SERVE_PATH),
         "--server.headless=true",
         f"--server.address={host}",
         f"--server.port={port}",
@@ -152,6 +156,7 @@ def warm_up() -> float:
 
 def serve(db: str, host: str, port: int, open_browser: bool) -> int:
     """Run the dashboard in this process until it is stopped (blocks)."""
+    import click
     from streamlit.web import cli as stcli
 
     check_port(host, port)
@@ -161,7 +166,14 @@ def serve(db: str, host: str, port: int, open_browser: bool) -> int:
     print(f"runwatch dashboard on {db}: {url}  (Ctrl-C to stop)", flush=True)
     if open_browser:
         threading.Thread(target=_open_when_ready, args=(url,), daemon=True).start()
-    stcli.main.main(args=streamlit_args(host, port), prog_name="streamlit", standalone_mode=False)
+    try:
+        stcli.main.main(
+            args=streamlit_args(host, port), prog_name="streamlit", standalone_mode=False
+        )
+    except click.exceptions.Abort:
+        # Ctrl-C: uvicorn shuts the server down cleanly, then re-raises the interrupt
+        # (which click turns into Abort); that is the normal way to stop, not an error.
+        log.info("dashboard stopped")
     return 0
 
 

@@ -71,13 +71,15 @@ def test_pages_in_a_real_browser_and_a_benign_verdict_is_stored(server) -> None:
         page = browser.new_page(viewport={"width": 1500, "height": 2200})
         try:
             started = time.monotonic()
-            page.goto(f"{url}/run")
+            response = page.goto(f"{url}/run")
             chart = page.locator(".js-plotly-plot").first
             chart.wait_for(state="visible", timeout=30_000)
             drawn = time.monotonic() - started
             expect(chart.get_by_text("loss", exact=True).first).to_be_visible()
             expect(chart.get_by_text("critical anomaly")).to_be_visible()
             expect(chart.get_by_text("restart #2 (resume)")).to_be_visible()
+            # The Run page's HTML tells the browser to fetch plotly.js with the page shell.
+            assert "/PlotlyChart." in response.headers.get("link", "")
             page.wait_for_timeout(1500)
             page.screenshot(path=str(ARTIFACTS / "run.png"), full_page=True)
 
@@ -101,7 +103,8 @@ def test_pages_in_a_real_browser_and_a_benign_verdict_is_stored(server) -> None:
             page.screenshot(path=str(ARTIFACTS / "anomalies-after-verdict.png"), full_page=True)
 
             for path, name in (("", "runs"), ("compare", "compare")):
-                page.goto(f"{url}/{path}")
+                response = page.goto(f"{url}/{path}")
+                assert ("link" in response.headers) == (path == "compare")
                 page.locator(".js-plotly-plot, [data-testid=stDataFrame]").first.wait_for(
                     state="visible", timeout=30_000
                 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import sys
 import pytest
 
 from runwatch.dashboard import cli
-from runwatch.dashboard.server import check_port, free_port, streamlit_args
+from runwatch.dashboard.server import check_port, free_port, streamlit_args, url_of, wait_ready
 
 
 def test_register_adds_the_dashboard_command_bound_to_localhost() -> None:
@@ -54,3 +55,26 @@ def test_warm_up_builds_the_run_chart_once_before_serving() -> None:
     from runwatch.dashboard.server import warm_up
 
     assert warm_up() >= 0.0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_and_sigterm_stop_the_dashboard_quietly(tmp_path, sig) -> None:
+    """The server is Streamlit's ASGI app under uvicorn, which re-raises the signal once it
+    has shut down: Ctrl-C must still end with exit code 0 and no traceback."""
+    port = free_port("127.0.0.1", 8598)
+    cmd = ["dashboard", "--db", str(tmp_path / "x.db"), "--port", str(port), "--no-browser"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runwatch.cli", *cmd],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert wait_ready(url_of("127.0.0.1", port), timeout=60, proc=proc)
+        proc.send_signal(sig)
+        out = proc.communicate(timeout=30)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode in ((0,) if sig == signal.SIGINT else (0, -signal.SIGTERM)), out
+    assert "Traceback" not in out

@@ -1,0 +1,16 @@
+"""What ``runwatch dashboard`` serves: Streamlit's own ASGI app around the router
+(``app.py``), plus runwatch's preload hints for the pages that draw charts.
+
+``streamlit run`` finds the ``st.App`` below by reading this file (it must stay a plain
+``app = st.App(...)`` assignment) and serves it with the usual command-line flags.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+from starlette.middleware import Middleware
+
+from runwatch.dashboard import APP_PATH, CHART_PAGES
+from runwatch.dashboard.preload import PreloadHints
+
+app = st.App(APP_PATH, middleware=[Middleware(PreloadHints, pages=CHART_PAGES)])

@@ -1,0 +1,112 @@
+"""Preload hints: a chart page's plotly.js starts downloading with the page, not after it.
+
+Streamlit's frontend fetches plotly.js (a 4.7 MB chunk) only when the first chart element
+arrives over the websocket, ~1.3-2 s into a cold visit of the Run page; downloading it then
+put ~0.5 s on the page's critical path (bench/dashboard.py). A ``Link: <...>;
+rel=modulepreload`` header on the HTML of the pages that draw charts lets the browser fetch
+and parse it (off the main thread) while the page shell loads; when the chart arrives, only
+running it is left. Pages without charts (the Runs table) do not get the header: there the
+download would only compete with the page.
+
+The chunk's name carries a content hash that changes with every Streamlit release, so it is
+looked up once, in the installed Streamlit's static files; when it is not found (a renamed
+chunk), no header is sent and pages load plotly.js on demand as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("runwatch.dashboard")
+
+CHUNK_GLOB = "PlotlyChart.*.js"
+_IMPORT = re.compile(rb'(?:from|import)\s*"\./([\w.\-]+\.js)"')
+_HEAD_BYTES = 8192
+"""A bundler's chunk lists its static imports first; plotly.js itself follows."""
+
+
+def streamlit_js_dir() -> Path:
+    """Where the installed Streamlit keeps its frontend's JavaScript chunks."""
+    import streamlit
+
+    return Path(streamlit.__file__).parent / "static" / "static" / "js"
+
+
+def plotly_chunks(js_dir: Path | None = None) -> tuple[str, ...]:
+    """The plotly chart chunk and the chunks it imports that the page shell does not load
+    itself, as URLs relative to the app's root (``static/js/...``); empty when this
+    Streamlit has no such chunk.
+
+    The shell's own chunks are left out: preloading them again would only let plotly.js
+    compete with them for the first download slots.
+    """
+    js_dir = streamlit_js_dir() if js_dir is None else js_dir
+    found = sorted(js_dir.glob(CHUNK_GLOB))
+    if len(found) != 1:
+        log.warning(
+            "%d files match %s in %s; chart pages load plotly.js on demand",
+            len(found),
+            CHUNK_GLOB,
+            js_dir,
+        )
+        return ()
+    chunk = found[0]
+    with chunk.open("rb") as f:
+        head = f.read(_HEAD_BYTES)
+    imports = [m.decode() for m in _IMPORT.findall(head)]
+    index = js_dir.parent.parent / "index.html"
+    shell = index.read_text(encoding="utf-8") if index.is_file() else ""
+    names = [chunk.name] + [
+        n for n in dict.fromkeys(imports) if (js_dir / n).is_file() and f"/{n}" not in shell
+    ]
+    return tuple(f"static/js/{n}" for n in names)
+
+
+def link_header(urls: Iterable[str]) -> bytes:
+    """``Link`` header value: relative URLs resolve against the page's URL, as the
+    ``./static/...`` references in Streamlit's own index.html do."""
+    return ", ".join(f"<./{u}>; rel=modulepreload" for u in urls).encode("latin-1")
+
+
+class PreloadHints:
+    """ASGI middleware: a ``Link: rel=modulepreload`` header on the HTML of chart pages.
+
+    ``pages`` are url paths (``run``, ``compare``); a request is for one when its path's
+    last segment is one of them. Only HTML responses get the header (the page's shell;
+    Streamlit serves the same index.html for every page path).
+    """
+
+    def __init__(self, app: Any, pages: Iterable[str], chunks: Iterable[str] | None = None):
+        self.app = app
+        self.pages = frozenset(p.strip("/") for p in pages)
+        # Decided once: the chunk's name does not change while the server runs.
+        urls = plotly_chunks() if chunks is None else tuple(chunks)
+        self.header = link_header(urls) if urls else b""
+        if urls:
+            log.info("chart pages %s preload %s", sorted(self.pages), urls[0])
+
+    def wants_hint(self, scope: dict[str, Any]) -> bool:
+        if scope["type"] != "http" or scope.get("method") not in ("GET", "HEAD"):
+            return False
+        return scope.get("path", "").rstrip("/").rsplit("/", 1)[-1] in self.pages
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if not self.header or not self.wants_hint(scope):
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_hint(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                html = any(
+                    k.lower() == b"content-type" and v.startswith(b"text/html") for k, v in headers
+                )
+                if html:
+                    message = {**message, "headers": [*headers, (b"link", self.header)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_hint)

@@ -1,0 +1,113 @@
+"""Preload hints: chart pages name plotly.js in a ``Link`` header, other pages do not."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import logging
+import re
+from pathlib import Path
+
+import pytest
+
+from runwatch.dashboard import APP_PATH, CHART_PAGES, SERVE_PATH
+from runwatch.dashboard.preload import PreloadHints, link_header, plotly_chunks, streamlit_js_dir
+
+
+def test_the_installed_streamlit_has_one_plotly_chunk_and_it_is_preloaded_first() -> None:
+    chunks = plotly_chunks()
+    assert chunks, "no PlotlyChart chunk in this Streamlit: the hint would silently vanish"
+    assert re.fullmatch(r"static/js/PlotlyChart\.[\w-]+\.js", chunks[0])
+    js_dir = streamlit_js_dir()
+    assert all((js_dir / Path(c).name).is_file() for c in chunks)
+    # The shell's own chunks (index.html loads them) are not named again.
+    shell = (js_dir.parent.parent / "index.html").read_text()
+    assert not any(f"./{c}" in shell for c in chunks)
+
+
+def test_a_streamlit_without_the_chunk_gets_no_hint_and_a_warning(tmp_path, caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="runwatch.dashboard"):
+        assert plotly_chunks(tmp_path) == ()
+    assert "on demand" in caplog.text
+
+
+def test_chunk_imports_are_read_from_the_chunk_and_the_shell_ones_left_out(tmp_path) -> None:
+    js = tmp_path / "static" / "js"
+    js.mkdir(parents=True)
+    (tmp_path / "index.html").write_text('<script src="./static/js/shell.A1.js"></script>')
+    for name in ("shell.A1.js", "extra.B2.js"):
+        (js / name).write_text("")
+    (js / "PlotlyChart.X9.js").write_text(
+        'import{a}from"./shell.A1.js";import"./extra.B2.js";import{c}from"./gone.C3.js";var P=1'
+    )
+    assert plotly_chunks(js) == ("static/js/PlotlyChart.X9.js", "static/js/extra.B2.js")
+
+
+def _headers(
+    path: str,
+    method: str = "GET",
+    content_type: bytes = b"text/html; charset=utf-8",
+    chunks: tuple[str, ...] = ("static/js/PlotlyChart.X9.js",),
+) -> dict[bytes, bytes]:
+    """The response headers a request gets through the middleware (a plain ASGI call)."""
+
+    async def page(scope, receive, send) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", content_type)],
+            }
+        )
+        await send({"type": "http.response.body", "body": b""})
+
+    sent: list[dict] = []
+
+    async def send(message) -> None:
+        sent.append(message)
+
+    hints = PreloadHints(page, pages=("run",), chunks=chunks)
+    asyncio.run(hints({"type": "http", "method": method, "path": path}, None, send))
+    return dict(sent[0]["headers"])
+
+
+def test_the_hint_goes_on_chart_pages_html_only() -> None:
+    hint = b"<./static/js/PlotlyChart.X9.js>; rel=modulepreload"
+    assert _headers("/run")[b"link"] == hint
+    assert _headers("/base/run", "HEAD")[b"link"] == hint  # under a base URL path too
+    assert b"link" not in _headers("/")  # the runs table draws no chart
+    assert b"link" not in _headers("/runs")
+    assert b"link" not in _headers("/run", "POST")
+    assert b"link" not in _headers("/run", content_type=b"text/plain")
+
+
+def test_no_chunk_means_no_header() -> None:
+    assert b"link" not in _headers("/run", chunks=())
+
+
+def test_link_header_lists_every_chunk_relative_to_the_page() -> None:
+    assert link_header(["static/js/a.js", "static/js/b.js"]) == (
+        b"<./static/js/a.js>; rel=modulepreload, <./static/js/b.js>; rel=modulepreload"
+    )
+
+
+def _pages() -> list[tuple[str, str]]:
+    """(view file, url path) of every page listed in app.PAGES (read, not imported)."""
+    tree = ast.parse(APP_PATH.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "PAGES":
+            return [(row[0], row[2]) for row in ast.literal_eval(node.value)]
+    raise AssertionError("app.py has no PAGES list")
+
+
+@pytest.mark.parametrize("view,url", _pages())
+def test_chart_pages_are_exactly_the_pages_that_draw_plotly_charts(view, url) -> None:
+    draws = "plotly_chart(" in (APP_PATH.parent / view).read_text()
+    assert (url in CHART_PAGES) == draws, f"{view}: keep CHART_PAGES in step with the page"
+
+
+def test_streamlit_finds_the_asgi_app_in_the_served_script() -> None:
+    from streamlit.web.server.app_discovery import discover_asgi_app
+
+    found = discover_asgi_app(SERVE_PATH)
+    assert found.is_asgi_app and found.app_name == "app"
