@@ -149,6 +149,22 @@ class Detector:
         return f"{type(self).__name__}({args})"
 
 
+def batch_ready(steps: Sequence[int], values: Sequence[float]) -> bool:
+    """True when a vectorised ``update_many`` may run: int steps in order and float values,
+    what batch replay gives. Anything else (numpy scalars, steps going back) takes the
+    plain loop, whose ``update`` handles every case.
+
+    >>> batch_ready([1, 2, 2], [0.5, 0.4, 0.3]), batch_ready([2, 1], [0.5, 0.4])
+    (True, False)
+    """
+    if len(steps) != len(values):
+        raise ValueError(f"steps and values differ in length: {len(steps)} != {len(values)}")
+    if not steps or set(map(type, steps)) != {int} or set(map(type, values)) != {float}:
+        return False
+    st = np.asarray(steps)
+    return not bool(np.any(st[1:] < st[:-1]))
+
+
 def guarded(
     update: Callable[[int, float], Signal | None],
     step: int,

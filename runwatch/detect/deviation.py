@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from runwatch.detect.base import Detector, Signal, check_number
+from runwatch.detect.base import Detector, Signal, batch_ready, check_number
 from runwatch.expect.binning import LogBins
 from runwatch.expect.powerlaw import PowerLaw, fit_power_law
 
@@ -287,15 +287,7 @@ class CurveDeviation(Detector):
         runs go through ``update`` itself. Needs int steps in order and float values (what
         batch replay gives); otherwise the plain loop.
         """
-        if len(steps) != len(values):
-            raise ValueError(f"steps and values differ in length: {len(steps)} != {len(values)}")
-        st_all = np.asarray(steps)
-        if (
-            not steps
-            or set(map(type, steps)) != {int}
-            or set(map(type, values)) != {float}
-            or bool(np.any(st_all[1:] < st_all[:-1]))
-        ):
+        if not batch_ready(steps, values):
             return super().update_many(steps, values, on_error)
         vals = np.asarray(values, dtype=float)
         fin = np.flatnonzero(np.isfinite(vals))
@@ -303,7 +295,7 @@ class CurveDeviation(Detector):
             return []
         from runwatch.detect.deviation_batch import Batch  # only batch replay needs it
 
-        b = Batch(self, st_all[fin], vals[fin], [steps[i] for i in fin.tolist()])
+        b = Batch(self, np.asarray(steps)[fin], vals[fin], [steps[i] for i in fin.tolist()])
         out: list[tuple[int, Signal]] = []
         m, j, chunk = fin.size, 0, 256
         while j < m:

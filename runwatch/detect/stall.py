@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from runwatch.detect.base import Detector, Signal, check_number, robust_scale
+from runwatch.detect.base import Detector, Signal, batch_ready, check_number, robust_scale
 
 _LN2 = math.log(2.0)
 
@@ -195,15 +195,7 @@ class Stall(Detector):
         Needs int steps in order and float values (what batch replay gives); otherwise
         the plain loop.
         """
-        if len(steps) != len(values):
-            raise ValueError(f"steps and values differ in length: {len(steps)} != {len(values)}")
-        st = np.asarray(steps)
-        if (
-            not steps
-            or set(map(type, steps)) != {int}
-            or set(map(type, values)) != {float}
-            or bool(np.any(st[1:] < st[:-1]))
-        ):
+        if not batch_ready(steps, values):
             return super().update_many(steps, values, on_error)
         from runwatch.detect import stall_batch  # only batch replay needs it
 
