@@ -249,10 +249,5 @@ def save_verdict(db: str, anomaly_id: int, verdict: str, note: str, author: str 
     return vid
 
 
-def clear_all() -> None:
-    """Forget cached reads (the "refresh now" button)."""
-    st.cache_data.clear()
-
-
 def now() -> float:
     return time.time()
