@@ -16,11 +16,8 @@ DB_ENV = "RUNWATCH_DASHBOARD_DB"
 CHART_PAGES = ("run", "anomalies", "compare", "fleet")
 """Url paths of the pages that draw plotly charts (see ``app.PAGES``): their HTML tells the
 browser to fetch plotly.js at once (``preload.py``)."""
+APP_ICON = "📈"
+"""The page icon (one place: the app sets it, the server warms Streamlit up for it)."""
 
 
-def app_icon() -> str:
-    """The page icon (one place: the app sets it, the server warms Streamlit up for it)."""
-    return "📈"
-
-
-__all__ = ["APP_PATH", "CHART_PAGES", "DB_ENV", "SERVE_PATH", "app_icon"]
+__all__ = ["APP_ICON", "APP_PATH", "CHART_PAGES", "DB_ENV", "SERVE_PATH"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from runwatch.dashboard import app_icon, ui
+from runwatch.dashboard import APP_ICON, ui
 
 PAGES: list[tuple[str, str, str, str]] = [
     # (file relative to this script, title, url path, icon)
@@ -19,7 +19,7 @@ PAGES: list[tuple[str, str, str, str]] = [
     ("views/fleet.py", "Fleet", "fleet", ":material/dns:"),
 ]
 
-st.set_page_config(page_title="runwatch", page_icon=app_icon(), layout="wide")
+st.set_page_config(page_title="runwatch", page_icon=APP_ICON, layout="wide")
 ui.settings_sidebar()
 pages = [
     st.Page(path, title=title, url_path=url, icon=icon, default=i == 0)

@@ -23,7 +23,7 @@ import urllib.request
 import webbrowser
 from pathlib import Path
 
-from runwatch.dashboard import DB_ENV, SERVE_PATH
+from runwatch.dashboard import APP_ICON, DB_ENV, SERVE_PATH
 
 log = logging.getLogger("runwatch.dashboard")
 
@@ -129,10 +129,9 @@ def warm_up() -> float:
     import plotly.io as pio
     from streamlit.string_util import is_emoji
 
-    from runwatch.dashboard import app_icon
     from runwatch.dashboard.charts import placeholder_figure, run_figure
 
-    is_emoji(app_icon())
+    is_emoji(APP_ICON)
     # Streamlit's first element of the process checks once whether it runs in a REPL, with
     # inspect.stack() from deep in the script thread (~0.1 s). `streamlit run` is not a
     # REPL, so mark that check as done (a no-op if a Streamlit release renames the flag).
