@@ -119,7 +119,6 @@ class CurveDeviation(Detector):
         self._ema_sd = math.sqrt(self._alpha / (2.0 - self._alpha))
         self._bins = LogBins()
         self._n = 0
-        self._accepted = 0
         self._next_fit = self.min_points
         self._law: PowerLaw | None = None
         self._fit_step = 0.0
@@ -252,7 +251,7 @@ class CurveDeviation(Detector):
             sig = self._signal("warning", step, value, ema, exp_v, half, "above")
             if self._flagged >= self.adapt_after:
                 self._bins = LogBins()
-                self._accepted, self._law = 0, None
+                self._law = None
                 self._next_fit = self._n + self.min_points
                 self._over = self._flagged = 0
             return sig
@@ -374,7 +373,6 @@ class CurveDeviation(Detector):
 
     def _learn(self, step: int, value: float) -> None:
         self._bins.add(step, value)
-        self._accepted += 1
         if step > self._last_learned:
             self._last_learned = float(step)
 

@@ -62,7 +62,6 @@ class Batch:
         d = self.d
         il = idx.tolist()
         d._bins.add_many([self.steps[i] for i in il], self.x[idx])
-        d._accepted += len(il)
         top = self.steps[il[-1]]  # steps are in order: the last is the largest
         if top > d._last_learned:
             d._last_learned = float(top)
