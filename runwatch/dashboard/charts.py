@@ -132,16 +132,22 @@ class _Spec:
 
     def span(self, row: int, x0: Any, x1: Any, **props: Any) -> None:
         """A shaded x-range over one panel's full height (an anomaly episode)."""
+        self._shape("rect", row, x0, x1, line={"width": 0}, **props)
+
+    def vline(self, row: int, x: Any, **props: Any) -> None:
+        """A vertical line over one panel's full height (a restart)."""
+        self._shape("line", row, x, x, **props)
+
+    def _shape(self, kind: str, row: int, x0: Any, x1: Any, **props: Any) -> None:
         self.shapes.append(
             {
-                "type": "rect",
+                "type": kind,
                 "x0": x0,
                 "x1": x1,
                 "y0": 0,
                 "y1": 1,
                 "xref": _axis("x", row),
                 "yref": _axis("y", row) + " domain",
-                "line": {"width": 0},
                 **props,
             }
         )
@@ -150,6 +156,11 @@ class _Spec:
 def _axis(letter: str, row: int) -> str:
     """plotly's axis id for a row: ``x``, ``x2``, ... (the first has no number)."""
     return letter if row == 1 else f"{letter}{row}"
+
+
+def _axis_key(letter: str, row: int) -> str:
+    """The layout key of a row's axis: ``xaxis``, ``xaxis2``, ..."""
+    return f"{letter}axis{'' if row == 1 else row}"
 
 
 def _small(values: Any) -> np.ndarray:
@@ -344,8 +355,8 @@ def _grid(titles: Sequence[str], spacing: float = 0.035) -> dict[str, Any]:
         }
         if i < n:
             x.update(matches=_axis("x", n), showticklabels=False)
-        layout[f"xaxis{'' if i == 1 else i}"] = x
-        layout[f"yaxis{'' if i == 1 else i}"] = {
+        layout[_axis_key("x", i)] = x
+        layout[_axis_key("y", i)] = {
             **grid,
             "anchor": _axis("x", i),
             "domain": [bottom, top],
@@ -397,25 +408,14 @@ def run_figure(
     for i, (metric, frame) in enumerate(panels):
         _add_series(spec, i + 1, metric, frame, PALETTE[i % len(PALETTE)], smoothed)
         if metric in log_y:
-            layout[f"yaxis{'' if i == 0 else i + 1}"]["type"] = "log"
+            layout[_axis_key("y", i + 1)]["type"] = "log"
     if expected is not None and len(expected):
         _add_expected(spec, expected, forecast)
     if anomalies is not None and len(anomalies):
         _add_anomalies(spec, rows, frames, anomalies)
     for x, label in restarts:
         for row in range(1, n + 1):
-            spec.shapes.append(
-                {
-                    "type": "line",
-                    "x0": x,
-                    "x1": x,
-                    "y0": 0,
-                    "y1": 1,
-                    "xref": _axis("x", row),
-                    "yref": _axis("y", row) + " domain",
-                    "line": {"color": "#111827", "width": 1.2, "dash": "dot"},
-                }
-            )
+            spec.vline(row, x, line={"color": "#111827", "width": 1.2, "dash": "dot"})
         spec.annotations.append(
             {
                 "x": x,
@@ -435,8 +435,7 @@ def run_figure(
             spec.span(
                 row, highlight[0], highlight[1], fillcolor="#fde68a", opacity=0.35, layer="below"
             )
-    bottom = layout[f"xaxis{'' if n == 1 else n}"]
-    bottom["title"] = {"text": x_title}
+    layout[_axis_key("x", n)]["title"] = {"text": x_title}
     if log_x:
         for key in layout:
             if key.startswith("xaxis"):
