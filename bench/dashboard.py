@@ -151,21 +151,11 @@ def _open_once(
 ) -> tuple[float, float, float]:
     """One cold visit: a fresh dashboard process, a fresh browser context; (seconds until
     drawn, seconds until complete (Run page only, else the same), VmHWM MB)."""
-    from runwatch.dashboard.server import free_port, url_of, wait_ready
+    from runwatch.dashboard.server import dashboard_command, free_port, url_of, wait_ready
 
     port = free_port("127.0.0.1", 8600)
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "runwatch.cli",
-            "dashboard",
-            "--db",
-            str(store),
-            "--port",
-            str(port),
-            "--no-browser",
-        ],
+        dashboard_command(store, port),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

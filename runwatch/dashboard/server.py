@@ -49,6 +49,14 @@ def streamlit_args(host: str, port: int) -> list[str]:
     ]
 
 
+def dashboard_command(db: str | Path, port: int) -> list[str]:
+    """``runwatch dashboard`` on ``db`` at ``port`` without a browser, as a child's command
+    line (the E2E tests and bench/dashboard.py): the child is the server itself, warmed up
+    as a user's would be (``launch`` starts bare Streamlit)."""
+    cmd = ["dashboard", "--db", str(db), "--port", str(port), "--no-browser"]
+    return [sys.executable, "-m", "runwatch.cli", *cmd]
+
+
 def url_of(host: str, port: int) -> str:
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     return f"http://{shown}:{port}"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from runwatch.dashboard import shaping
-from runwatch.dashboard.server import free_port, url_of, wait_ready
+from runwatch.dashboard.server import dashboard_command, free_port, url_of, wait_ready
 from runwatch.store import open_store
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -31,17 +30,7 @@ pytestmark = pytest.mark.skipif(
 def server(fresh_demo_db: Path) -> Iterator[tuple[str, Path]]:
     port = free_port("127.0.0.1", 8599)
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "runwatch.cli",
-            "dashboard",
-            "--db",
-            str(fresh_demo_db),
-            "--port",
-            str(port),
-            "--no-browser",
-        ],
+        dashboard_command(fresh_demo_db, port),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env={**os.environ},

@@ -11,7 +11,14 @@ import sys
 import pytest
 
 from runwatch.dashboard import cli
-from runwatch.dashboard.server import check_port, free_port, streamlit_args, url_of, wait_ready
+from runwatch.dashboard.server import (
+    check_port,
+    dashboard_command,
+    free_port,
+    streamlit_args,
+    url_of,
+    wait_ready,
+)
 
 
 def test_register_adds_the_dashboard_command_bound_to_localhost() -> None:
@@ -62,9 +69,8 @@ def test_ctrl_c_and_sigterm_stop_the_dashboard_quietly(tmp_path, sig) -> None:
     """The server is Streamlit's ASGI app under uvicorn, which re-raises the signal once it
     has shut down: Ctrl-C must still end with exit code 0 and no traceback."""
     port = free_port("127.0.0.1", 8598)
-    cmd = ["dashboard", "--db", str(tmp_path / "x.db"), "--port", str(port), "--no-browser"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runwatch.cli", *cmd],
+        dashboard_command(tmp_path / "x.db", port),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
