@@ -111,7 +111,6 @@ class Spike(Detector):
         self._peak_dev = 0.0
         self._peak_value = 0.0
         self._n_spikes = 0
-        self._n_adapted = 0
         self._score = SpikeScore(self.score_window, 7.0)
 
     @property
@@ -185,7 +184,6 @@ class Spike(Detector):
         adapted = run >= self.adapt_after
         if adapted:
             # Accept the new level: the shift is real, stop shouting about it.
-            self._n_adapted += 1
             self._run = 0
             buf.clear()
             self._learn(x)
