@@ -39,6 +39,10 @@ FORECAST_COLOR = "#16a34a"
 REDONE_COLOR = "#9ca3af"
 NAN_COLOR = "#b91c1c"
 FONT = "Inter, system-ui, -apple-system, Segoe UI, sans-serif"
+_GRID = {"showgrid": True, "gridcolor": "#eef0f3", "zeroline": False}
+"""Every axis: a quiet grid, no zero line."""
+_SPIKES = {"showspikes": True, "spikemode": "across", "spikethickness": 1, "spikecolor": "#9ca3af"}
+"""Every x-axis: a thin line across the panel under the cursor."""
 
 
 def base_layout(fig: go.Figure, height: int, *, axes: bool = True) -> go.Figure:
@@ -57,16 +61,8 @@ def base_layout(fig: go.Figure, height: int, *, axes: bool = True) -> go.Figure:
     )
     if not axes:
         return fig
-    fig.update_xaxes(
-        showgrid=True,
-        gridcolor="#eef0f3",
-        zeroline=False,
-        showspikes=True,
-        spikemode="across",
-        spikethickness=1,
-        spikecolor="#9ca3af",
-    )
-    fig.update_yaxes(showgrid=True, gridcolor="#eef0f3", zeroline=False)
+    fig.update_xaxes(**_GRID, **_SPIKES)
+    fig.update_yaxes(**_GRID)
     return fig
 
 
@@ -341,17 +337,14 @@ def _grid(titles: Sequence[str], spacing: float = 0.035) -> dict[str, Any]:
     usable = 1.0 - spacing * (n - 1)
     layout: dict[str, Any] = {"annotations": []}
     top = 1.0
-    grid = {"showgrid": True, "gridcolor": "#eef0f3", "zeroline": False, "automargin": False}
+    grid = {**_GRID, "automargin": False}
     for i, share in enumerate(shares, start=1):
         bottom = max(0.0, top - usable * share)
         x: dict[str, Any] = {
             **grid,
             "anchor": _axis("y", i),
             "domain": [0.0, 1.0],
-            "showspikes": True,
-            "spikemode": "across",
-            "spikethickness": 1,
-            "spikecolor": "#9ca3af",
+            **_SPIKES,
         }
         if i < n:
             x.update(matches=_axis("x", n), showticklabels=False)
