@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -336,10 +336,7 @@ class Stall(Detector):
                 r = self._resid
                 r.append(d_obs - d_exp)
                 if len(r) >= 8:
-                    srt = sorted(r)
-                    med = srt[len(srt) // 2]
-                    dev = sorted([abs(v - med) for v in srt])
-                    self._resid_scale = 1.4826 * dev[len(dev) // 2]
+                    self._resid_scale = _scatter(r)
             return None
         self._over += 1
         if self._over < self.patience:
@@ -456,10 +453,16 @@ class _LongTest:
         self.resid.append(r)
         self.resid_n = len(self.resid)
         if self.resid_n >= 2:
-            srt = sorted(self.resid)
-            med = srt[len(srt) // 2]
-            dev = sorted(abs(v - med) for v in srt)
-            self.resid_scale = 1.4826 * dev[len(dev) // 2]
+            self.resid_scale = _scatter(self.resid)
+
+
+def _scatter(resid: Iterable[float]) -> float:
+    """1.4826 x the MAD of ``resid`` about its (upper) median: the scatter of a test's
+    statistic on unflagged stretches, shared by both tests and the batch path."""
+    srt = sorted(resid)
+    med = srt[len(srt) // 2]
+    dev = sorted([abs(v - med) for v in srt])
+    return 1.4826 * dev[len(dev) // 2]
 
 
 def _sum_bins(bins: dict[int, list[float]], lo: int, hi: int) -> tuple[float, float, float]:

@@ -15,16 +15,11 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from runwatch.detect.base import Signal, robust_scales, running_medians
-
-if TYPE_CHECKING:
-    from runwatch.detect.stall import Stall
-
-_LN2 = math.log(2.0)
+from runwatch.detect.stall import _LN2, Stall, _scatter
 
 
 def run(d: Stall, steps: list[int], values: list[float], idx: list[int]) -> list:
@@ -262,10 +257,7 @@ class _Batch:
         while u < el.size:
             resid.append(float(d_obs[u]) - float(d_exp[u]))
             if len(resid) >= 8:
-                srt = sorted(resid)
-                mid = srt[len(srt) // 2]
-                dev = sorted([abs(r - mid) for r in srt])
-                d._resid_scale = 1.4826 * dev[len(dev) // 2]
+                d._resid_scale = _scatter(resid)
             samples.append(u)
             scales.append(d._resid_scale)
             u += max(int(w[el[u]]) // 4, 1)
@@ -375,10 +367,7 @@ def _loop_range(d: Stall, n0, values, idx, xl, ls_l, k_l, sig_l, cur, win) -> li
                             resid_age = max(w_l[j] // 4, 1)
                             resid.append(d_obs - d_exp)
                             if len(resid) >= 8:
-                                srt = sorted(resid)
-                                mid = srt[len(srt) // 2]
-                                dev = sorted([abs(r - mid) for r in srt])
-                                resid_scale = 1.4826 * dev[len(dev) // 2]
+                                resid_scale = _scatter(resid)
                     else:
                         over += 1
                         if over >= patience:
