@@ -147,10 +147,16 @@ SHOWN = """() => { const e = document.querySelector('%s');
 
 
 def _open_once(
-    chromium, store: str, path: str, selector: str, shot: Path | None
+    chromium,
+    store: str,
+    path: str,
+    drawn_check: str,
+    complete_check: str | None,
+    shot: Path | None,
 ) -> tuple[float, float, float]:
     """One cold visit: a fresh dashboard process, a fresh browser context; (seconds until
-    drawn, seconds until complete (Run page only, else the same), VmHWM MB)."""
+    ``drawn_check`` holds, seconds until ``complete_check`` does (the same when there
+    is none), VmHWM MB). The checks are JavaScript functions run in the page."""
     from runwatch.dashboard.server import dashboard_command, free_port, url_of, wait_ready
 
     port = free_port("127.0.0.1", 8600)
@@ -167,15 +173,11 @@ def _open_once(
         page.goto(url + path)
         # Checked in the page on every animation frame: a locator wait polls with a backoff
         # of up to 500 ms, which would add up to half a second to what is measured.
-        page.wait_for_function(
-            DRAWN if selector == ".js-plotly-plot" else SHOWN % selector,
-            polling="raf",
-            timeout=60_000,
-        )
+        page.wait_for_function(drawn_check, polling="raf", timeout=60_000)
         elapsed = time.perf_counter() - started
-        if selector == ".js-plotly-plot":
-            page.wait_for_function(COMPLETE, polling="raf", timeout=60_000)
-        complete = time.perf_counter() - started
+        if complete_check is not None:
+            page.wait_for_function(complete_check, polling="raf", timeout=60_000)
+        done = time.perf_counter() - started
         if shot is not None:
             page.screenshot(path=str(shot))
         status = Path(f"/proc/{proc.pid}/status").read_text()
@@ -184,7 +186,7 @@ def _open_once(
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
-    return elapsed, complete, peak_mb
+    return elapsed, done, peak_mb
 
 
 def browser(db: str, repeat: int) -> tuple[list[float], list[float], list[float], list[float]]:
@@ -198,10 +200,11 @@ def browser(db: str, repeat: int) -> tuple[list[float], list[float], list[float]
     drawn, complete, shell, peaks = [], [], [], []
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=CHROMIUM)
+        alert = SHOWN % "[data-testid=stAlert]"
         for i in range(repeat):
-            shell.append(_open_once(chromium, str(empty), "/", "[data-testid=stAlert]", None)[0])
+            shell.append(_open_once(chromium, str(empty), "/", alert, None, None)[0])
             shot = ROOT / "test-artifacts" / "bench-run-1M.png" if i == 0 else None
-            seconds, done, peak = _open_once(chromium, db, "/run", ".js-plotly-plot", shot)
+            seconds, done, peak = _open_once(chromium, db, "/run", DRAWN, COMPLETE, shot)
             drawn.append(seconds)
             complete.append(done)
             peaks.append(peak)
