@@ -437,10 +437,14 @@ class _LongTest:
         a rising one is still seen rising).
         """
         if k != self.clip_k:
-            self.clip_k = k
-            prev = max((j for j in bins if j < k), default=None)
-            self.clip_base = math.inf if prev is None else bins[prev][1] / bins[prev][2]
+            self.new_clip_bin(k, bins)
         return min(x, self.clip_base + self.CLIP * sigma)
+
+    def new_clip_bin(self, k: int, bins: dict[int, list[float]]) -> None:
+        """The cap's base for the points of bin ``k``: the mean of the last bin before it."""
+        self.clip_k = k
+        prev = max((j for j in bins if j < k), default=None)
+        self.clip_base = math.inf if prev is None else bins[prev][1] / bins[prev][2]
 
     def new_bin(self, k: int, bins: dict[int, list[float]], per_octave: int) -> None:
         """Sum the completed bins of the older ([k-P, k-P/2)) and newer ([k-P/2, k)) half."""

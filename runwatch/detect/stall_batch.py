@@ -111,9 +111,7 @@ def _all_bins(
     for a, b in itertools.pairwise(bounds):
         kk = int(k[a])
         if kk != lt.clip_k:
-            lt.clip_k = kk
-            prev = max((j for j in bins if j < kk), default=None)
-            lt.clip_base = math.inf if prev is None else bins[prev][1] / bins[prev][2]
+            lt.new_clip_bin(kk, bins)
         val = np.minimum(xc[a:b], lt.clip_base + lt.CLIP * sig[a:b])
         old = bins.get(kk)
         if old is None:
