@@ -190,10 +190,12 @@ def read_blocks(
     end: int | None = None,
     *,
     summaries: bool = False,
+    attempt: int | None = None,
 ) -> pd.DataFrame:
     """Every stored point of the series (all attempts), in write order, clipped to the range.
 
     ``summaries=True`` reads sealed blocks as their summaries (callers check they exist).
+    ``attempt`` reads only that attempt's blocks (the others are not decoded).
     """
     ids = list(series_ids)
     if not ids:
@@ -209,15 +211,18 @@ def read_blocks(
     if end is not None:
         sql += " AND min_step <= ?"
         params.append(int(end))
+    if attempt is not None:
+        sql += " AND attempt = ?"
+        params.append(int(attempt))
     sql += " ORDER BY id"
     parts_sid, parts_att, parts_step, parts_time, parts_value = [], [], [], [], []
-    for series_id, attempt, blob in conn.execute(sql, params):
+    for series_id, block_attempt, blob in conn.execute(sql, params):
         steps, times, values = decode_block(blob)
         parts_step.append(steps)
         parts_time.append(times)
         parts_value.append(values)
         parts_sid.append(np.full(len(steps), series_id, dtype=np.int64))
-        parts_att.append(np.full(len(steps), attempt, dtype=np.int64))
+        parts_att.append(np.full(len(steps), block_attempt, dtype=np.int64))
     if not parts_step:
         return empty_points()
     frame = pd.DataFrame(

@@ -495,17 +495,11 @@ class Store(JudgementTables, OutboxTables, IngestTables):
                 if row is None or cutoff == np.inf:
                     continue
                 lo = int(cutoff) if start is None else max(int(cutoff), int(start))
-                # Stop at the attempt's own last step: the later attempt's blocks past it
-                # (most of a long run) hold no redone steps and are not decoded.
-                (last,) = self._conn.execute(
-                    "SELECT MAX(max_step) FROM point_blocks WHERE series_id = ? AND attempt = ?",
-                    (row[0], attempt),
-                ).fetchone()
-                if last is None or last < lo:
-                    continue
-                hi = int(last) if end is None else min(int(last), int(end))
-                frame = _read_blocks(self._conn, [row[0]], lo, hi)
-                parts.append(frame[frame["attempt"] == attempt])
+                # Only this attempt's blocks: the later attempts' blocks (most of a long
+                # run) hold no redone steps of it and are not decoded.
+                frame = _read_blocks(self._conn, [row[0]], lo, end, attempt=attempt)
+                if len(frame):
+                    parts.append(frame)
         frame = pd.concat(parts, ignore_index=True) if parts else empty_points()
         frame = frame.assign(superseded=True).sort_values(["step", "attempt"], kind="stable")
         frame = frame.drop(columns="series_id").reset_index(drop=True)
