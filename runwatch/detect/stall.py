@@ -8,7 +8,14 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from runwatch.detect.base import Detector, Signal, batch_ready, check_number, robust_scale
+from runwatch.detect.base import (
+    Detector,
+    Signal,
+    batch_ready,
+    check_number,
+    guarded,
+    robust_scale,
+)
 
 _LN2 = math.log(2.0)
 
@@ -209,13 +216,7 @@ class Stall(Detector):
                 # update (which resets); after it, in linear space.
                 i = int(bad[0])
                 out += self.update_many(steps[:i], values[:i], on_error)
-                try:
-                    sig = self.update(steps[i], values[i])
-                except Exception:
-                    if on_error is None:
-                        raise
-                    on_error(i)
-                    sig = None
+                sig = guarded(self.update, steps[i], values[i], i, on_error)
                 if sig is not None:
                     out.append((i, sig))
                 rest = self.update_many(
