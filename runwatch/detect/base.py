@@ -28,7 +28,9 @@ log = logging.getLogger("runwatch.detect")
 __all__ = [
     "Detector",
     "Signal",
+    "batch_ready",
     "check_choice",
+    "check_lengths",
     "check_number",
     "guarded",
     "robust_scale",
@@ -102,8 +104,7 @@ class Detector:
         ``on_error`` the exception propagates). This default is that loop; a detector may
         override it with a vectorised path for its quiet stretches.
         """
-        if len(steps) != len(values):
-            raise ValueError(f"steps and values differ in length: {len(steps)} != {len(values)}")
+        check_lengths(steps, values)
         out: list[tuple[int, Signal]] = []
         upd = self.update
         n = len(values)
@@ -149,6 +150,12 @@ class Detector:
         return f"{type(self).__name__}({args})"
 
 
+def check_lengths(steps: Sequence[int], values: Sequence[float]) -> None:
+    """Misuse of ``update_many`` fails fast: one value per step."""
+    if len(steps) != len(values):
+        raise ValueError(f"steps and values differ in length: {len(steps)} != {len(values)}")
+
+
 def batch_ready(steps: Sequence[int], values: Sequence[float]) -> bool:
     """True when a vectorised ``update_many`` may run: int steps in order and float values,
     what batch replay gives. Anything else (numpy scalars, steps going back) takes the
@@ -157,8 +164,7 @@ def batch_ready(steps: Sequence[int], values: Sequence[float]) -> bool:
     >>> batch_ready([1, 2, 2], [0.5, 0.4, 0.3]), batch_ready([2, 1], [0.5, 0.4])
     (True, False)
     """
-    if len(steps) != len(values):
-        raise ValueError(f"steps and values differ in length: {len(steps)} != {len(values)}")
+    check_lengths(steps, values)
     if not steps or set(map(type, steps)) != {int} or set(map(type, values)) != {float}:
         return False
     st = np.asarray(steps)

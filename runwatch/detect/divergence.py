@@ -11,6 +11,7 @@ from runwatch.detect.base import (
     Detector,
     Signal,
     check_choice,
+    check_lengths,
     check_number,
     guarded,
     running_medians,
@@ -188,8 +189,7 @@ class Divergence(Detector):
         once; a rising point goes through ``_rising``, and the first point of the series
         and the end of log space through ``update`` itself. The same result, bit for bit.
         """
-        if len(steps) != len(values):
-            raise ValueError(f"steps and values differ in length: {len(steps)} != {len(values)}")
+        check_lengths(steps, values)
         if set(map(type, values)) - {float}:  # update keeps ints as given: the plain loop
             return super().update_many(steps, values, on_error)
         vals = np.asarray(values, dtype=float)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from runwatch.detect.base import Detector, Signal, check_number, guarded
+from runwatch.detect.base import Detector, Signal, check_lengths, check_number, guarded
 
 
 class Regression(Detector):
@@ -180,8 +180,7 @@ class Regression(Detector):
         plain loop. The stretch stops before the first point that is an outlier (not
         learned) or lifts the CUSUM above ``h``; that point goes through ``update``.
         """
-        if len(steps) != len(values):
-            raise ValueError(f"steps and values differ in length: {len(steps)} != {len(values)}")
+        check_lengths(steps, values)
         if self.min_points >= self.window:  # pragma: no cover - the scale is redone per point
             return super().update_many(steps, values, on_error)
         out: list[tuple[int, Signal]] = []

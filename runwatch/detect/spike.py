@@ -12,6 +12,7 @@ from runwatch.detect.base import (
     Detector,
     Signal,
     check_choice,
+    check_lengths,
     check_number,
     guarded,
     robust_scale,
@@ -203,6 +204,7 @@ class Spike(Detector):
         that way, the state moved to just before the first point that could be flagged
         (or be non-finite, or end log space), and that point goes through ``update``.
         """
+        check_lengths(steps, values)
         out: list[tuple[int, Signal]] = []
         vals = np.asarray(values, dtype=float)
         n = vals.size

@@ -249,6 +249,12 @@ def test_batched_paths_fall_back_to_the_loop_for_unsorted_or_odd_inputs():
         assert pickle.dumps(many.__dict__) == pickle.dumps(one.__dict__)
 
 
+@pytest.mark.parametrize("cls", DETECTORS, ids=lambda c: c.__name__)
+def test_update_many_rejects_steps_and_values_of_different_lengths(cls):
+    with pytest.raises(ValueError, match="differ in length: 3 != 2"):
+        cls().update_many([1, 2, 3], [0.5, 0.4])
+
+
 @pytest.mark.parametrize("run", real_run_names() or ["(no data)"])
 def test_batch_replay_equals_streaming_on_every_real_run(run):
     df = real_run(run)
