@@ -30,20 +30,11 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from detection import DATA, load_runs  # noqa: E402  (bench/ is the script's own folder)
+
 from runwatch.detect import analyze_frame  # noqa: E402
 from runwatch.detect.deviation import CurveDeviation  # noqa: E402
 from runwatch.detect.roles import DEFAULT_DETECTORS, role_of  # noqa: E402
-
-DATA = ROOT.parent / "shared" / "data" / "real_runs"
-
-
-def load_runs(data: Path) -> dict[str, pd.DataFrame]:
-    """The whole real runs (not the ``incident_*`` excerpts), as bench/detection.py does."""
-    runs = {}
-    for path in sorted(data.glob("*.csv")):
-        if not path.stem.startswith("incident_"):
-            runs[path.stem] = pd.read_csv(path)[["metric", "step", "value"]].copy()
-    return runs
 
 
 def replay_times(runs: dict[str, pd.DataFrame], fast: bool) -> tuple[float, float]:
