@@ -94,25 +94,24 @@ def _episodes(mon: Monitor, series, i: int, det, rows_l, steps_l, sigs) -> None:
     would point by point: unflagged points only matter while an episode is open, and only
     the first ``det.quiet`` of them (the episode is closed by then)."""
     handle = mon._handle
-    quiet = det.quiet
     out: list[Anomaly] = []
+
+    def unflagged(n: int) -> None:
+        """``n`` unflagged points in a row (their step does not matter to ``_handle``)."""
+        for _ in range(min(n, det.quiet)):
+            if series.open[i] is None:
+                return
+            handle(series, i, det, 0, None, out)
+
     prev = -1
     for k, sig in sigs:
-        if series.open[i] is not None:
-            for _ in range(min(k - prev - 1, quiet)):
-                handle(series, i, det, 0, None, out)
-                if series.open[i] is None:
-                    break
+        unflagged(k - prev - 1)
         mon._row = rows_l[k]
         handle(series, i, det, steps_l[k], sig, out)
         prev = k
         if len(out) > 256:
             out.clear()
-    if series.open[i] is not None:
-        for _ in range(min(len(steps_l) - prev - 1, quiet)):
-            handle(series, i, det, 0, None, out)
-            if series.open[i] is None:
-                break
+    unflagged(len(steps_l) - prev - 1)
 
 
 def _nonfinite(mon: Monitor, series, rows_l, steps_l, values_l, bad: np.ndarray) -> None:
