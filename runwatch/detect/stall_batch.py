@@ -136,8 +136,8 @@ class _Batch:
 
     def __init__(self, d: Stall, n0, values, idx, xl, ls, k, sig, cur) -> None:
         self.d, self.n0, self.values, self.idx = d, n0, values, idx
-        self.xl, self.x = xl, np.array(xl)
-        self.ls, self.k, self.sig = ls, k, sig
+        self.xl = xl
+        self.k, self.sig = k, sig
         self.ls_l, self.k_l = ls.tolist(), k.tolist()
         self.cur = [np.array(c) for c in cur]
         self.cur_l = cur
