@@ -242,8 +242,7 @@ class Stall(Detector):
         """
         lt = self._long
         if lt.k != k:
-            lt.new_bin(k, self._all_bins, self.per_octave)
-            lt.slope = self._slope((k - self.per_octave) * _LN2 / self.per_octave)
+            self._new_octave(k)
         cur = self._all_bins[k]
         na, nb = lt.a[2], lt.b[2] + cur[2]
         if lt.slope is None or lt.slope >= 0 or min(na, nb) < self.min_window:
@@ -267,6 +266,12 @@ class Stall(Detector):
         if lt.over == self.patience:
             self._stalls += 1
         return self._signal(value, mean_a, mean_b, d_exp, d_obs, int(nb), "the last octave")
+
+    def _new_octave(self, k: int) -> None:
+        """The octave test moves to bin ``k``: the sums of its two halves, and the
+        reference slope from the learned bins before the octave."""
+        self._long.new_bin(k, self._all_bins, self.per_octave)
+        self._long.slope = self._slope((k - self.per_octave) * _LN2 / self.per_octave)
 
     def _slope(self, ls_end: float) -> float | None:
         """Slope of x against ln(step) over the ``ref_octaves`` octaves before ``ls_end``."""

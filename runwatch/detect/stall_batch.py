@@ -210,9 +210,7 @@ class _Batch:
             if kind == 0:
                 slopes.append(d._slope(float(self.ls_start[j])))
             else:
-                k = self.k_l[j]
-                lt.new_bin(k, d._all_bins, d.per_octave)
-                lt.slope = d._slope((k - d.per_octave) * _LN2 / d.per_octave)
+                d._new_octave(self.k_l[j])
                 octaves.append((lt.a, lt.b, lt.slope))
         if self._quiet_short(tested, redo, slopes) and self._quiet_long(pts, new, octaves):
             self._flush(e)
@@ -327,12 +325,12 @@ def _loop_range(d: Stall, n0, values, idx, xl, ls_l, k_l, sig_l, cur, win) -> li
     w_l, ready_l, ma_l, mb_l, lss_l, dls_l, gap_l, zse_l = win
     c0_l, c1_l, c2_l = cur
     out: list[tuple[int, Signal]] = []
-    bins, all_bins, lt = d._bins, d._all_bins, d._long
+    bins, lt = d._bins, d._long
     min_points, long_min = d.min_points, d.long_min_points
     long_test = d.long_test
     z, z_resid, long_z, min_fall = d.z, d.z_resid, d.long_z_resid, d.min_fall
     sf, patience, adapt_after = d.stall_frac, d.patience, d.adapt_after
-    min_window, po = d.min_window, d.per_octave
+    min_window = d.min_window
     min_resid = lt.MIN_RESID
     resid = d._resid
     over, flagged, stalls = d._over, d._flagged, d._stalls
@@ -383,8 +381,7 @@ def _loop_range(d: Stall, n0, values, idx, xl, ls_l, k_l, sig_l, cur, win) -> li
         if sig is None and long_test and n >= long_min:
             kk = k_l[j]
             if lt.k != kk:
-                lt.new_bin(kk, all_bins, po)
-                lt.slope = d._slope((kk - po) * _LN2 / po)
+                d._new_octave(kk)
             na, nb = lt.a[2], lt.b[2] + c2_l[j]
             lslope = lt.slope
             if lslope is None or lslope >= 0 or min(na, nb) < min_window:
