@@ -37,6 +37,7 @@ __all__ = [
     "robust_scales",
     "running_medians",
     "smooth_many",
+    "smoothed_state",
 ]
 
 
@@ -310,3 +311,26 @@ def smooth_many(
         ads.append(a)
         emas.append(e)
     return ads, emas
+
+
+def smoothed_state(
+    d: Detector,
+    n0: int,
+    xs: list[float],
+    absdiffs: list[float],
+    emas: list[float],
+    recent0: list[float],
+    size: int,
+    j: int,
+) -> None:
+    """Put the smoother's state of CurveDeviation or Divergence ``d`` where its ``update``
+    leaves it after the first ``j`` of ``xs`` (``absdiffs``, ``emas``: from
+    ``smooth_many``; ``n0``, ``recent0``: its count and running-median window before
+    them; ``size``: that window's length)."""
+    if j == 0:
+        return
+    d._n = n0 + j
+    d._prev = xs[j - 1]
+    d._absdiff = absdiffs[j - 1]
+    d._ema = emas[j - 1]
+    d._recent[:] = (recent0 + xs[max(0, j - size) : j])[-size:]

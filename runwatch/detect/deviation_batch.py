@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from runwatch.detect.base import running_medians, smooth_many
+from runwatch.detect.base import running_medians, smooth_many, smoothed_state
 
 if TYPE_CHECKING:
     from runwatch.detect.deviation import CurveDeviation
@@ -38,15 +38,7 @@ class Batch:
 
     def set_smooth(self, j: int) -> None:
         """Put the smoothing state where ``update`` leaves it after the first ``j`` points."""
-        if j == 0:
-            return
-        d = self.d
-        d._n = self.n0 + j
-        d._prev = self.xl[j - 1]
-        d._ema = self.ema_l[j - 1]
-        d._absdiff = self.ad_l[j - 1]
-        # The last min(n, 5) values, as _smooth keeps them.
-        d._recent = (self.recent0 + self.xl[max(0, j - 5) : j])[-5:]
+        smoothed_state(self.d, self.n0, self.xl, self.ad_l, self.ema_l, self.recent0, 5, j)
 
     def learn_all(self, a: int, b: int) -> int:
         """Points a..b-1 without a law: ``update`` learns each of them."""

@@ -16,6 +16,7 @@ from runwatch.detect.base import (
     guarded,
     running_medians,
     smooth_many,
+    smoothed_state,
 )
 
 
@@ -340,12 +341,5 @@ class _DivBatch:
 
     def _state(self, j: int) -> None:
         """The smoothing state ``update`` leaves after the first ``j`` points."""
-        if j == 0:
-            return
         d = self.d
-        d._n = self.n0 + j
-        d._prev = self.xl[j - 1]
-        d._absdiff = self.ads[j - 1]
-        d._ema = self.emas[j - 1]
-        mw = d.median_window
-        d._recent[:] = (self.recent0 + self.xl[max(0, j - mw) : j])[-mw:]
+        smoothed_state(d, self.n0, self.xl, self.ads, self.emas, self.recent0, d.median_window, j)
