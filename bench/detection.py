@@ -468,6 +468,20 @@ TARGETS = {
 }
 
 
+TABLE_DETECTORS = ("runwatch(any)", "runwatch(warn+)", "static", "zscore30")
+
+
+def _fault_row(label: str, det: str, d: pd.DataFrame, target: str = "") -> str:
+    """One row of the fault table: trials, recall, median delays of the hits, extra alarms."""
+    hit = d[d["detected"]]
+    md = f"{hit['delay'].median():.0f}" if len(hit) else "-"
+    mr = f"{hit['rel_delay'].median():.1%}" if len(hit) else "-"
+    return (
+        f"{label:<12} {det:<16} {len(d):>4} {d['detected'].mean():>7.2f} {md:>10} "
+        f"{mr:>8} {d['outside'].mean():>11.2f}  {target}"
+    ).rstrip()
+
+
 def print_fault_table(res: pd.DataFrame, title: str) -> None:
     print(f"\n{title}")
     hdr = (
@@ -480,16 +494,9 @@ def print_fault_table(res: pd.DataFrame, title: str) -> None:
         sub = res[res["kind"] == kind]
         if sub.empty:
             continue
-        for det in ("runwatch(any)", "runwatch(warn+)", "static", "zscore30"):
-            d = sub[sub["detector"] == det]
-            hit = d[d["detected"]]
-            md = f"{hit['delay'].median():.0f}" if len(hit) else "-"
-            mr = f"{hit['rel_delay'].median():.1%}" if len(hit) else "-"
+        for det in TABLE_DETECTORS:
             target = TARGETS[kind] if det == "runwatch(any)" else ""
-            print(
-                f"{kind:<12} {det:<16} {len(d):>4} {d['detected'].mean():>7.2f} {md:>10} "
-                f"{mr:>8} {d['outside'].mean():>11.2f}  {target}"
-            )
+            print(_fault_row(kind, det, sub[sub["detector"] == det], target))
         if kind == "plateau":
             _print_by_size(sub)
 
@@ -497,17 +504,10 @@ def print_fault_table(res: pd.DataFrame, title: str) -> None:
 def _print_by_size(sub: pd.DataFrame) -> None:
     """Plateau rows per size bucket (lost progress / local noise), ours and baselines."""
     for size in reversed(PLATEAU_SIZES):
-        for det in ("runwatch(any)", "runwatch(warn+)", "static", "zscore30"):
+        for det in TABLE_DETECTORS:
             d = sub[(sub["detector"] == det) & (sub["size"] == size)]
-            if d.empty:
-                continue
-            hit = d[d["detected"]]
-            md = f"{hit['delay'].median():.0f}" if len(hit) else "-"
-            mr = f"{hit['rel_delay'].median():.1%}" if len(hit) else "-"
-            print(
-                f"{'  ' + size:<12} {det:<16} {len(d):>4} {d['detected'].mean():>7.2f} "
-                f"{md:>10} {mr:>8} {d['outside'].mean():>11.2f}"
-            )
+            if not d.empty:
+                print(_fault_row("  " + size, det, d))
 
 
 def main(argv: list[str] | None = None) -> int:
