@@ -12,17 +12,25 @@ of role "other" needs nothing else),
 replays the precursor links in row order afterwards, and orders the anomalies by the row
 that opened them - so the result is the one streaming gives (``tests/detect/
 test_replay.py`` checks that equality on real runs, ``test_batch.py`` per detector).
+The run's LR series goes first: it feeds the Monitor's LR clock, and each loss series'
+expected-curve detector gets, per point, the areas the clock gave when that point's row
+came (``runwatch.expect.lrclock.areas_at``).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import numpy as np
 import pandas as pd
 
+from runwatch.detect.deviation import CurveDeviation
 from runwatch.detect.monitor import Monitor, _norm_label
+from runwatch.expect.lrclock import LRClock, State, areas_at
 from runwatch.model import LABEL_KEYS, Anomaly
+
+_NO_LR: tuple[list[State], np.ndarray] = ([], np.empty(0, dtype=np.int64))
 
 
 def replay_batch(
@@ -56,8 +64,16 @@ def replay_batch(
     kept = mon._anomalies
     mon._anomalies = all_anoms  # unbounded while rows are out of order; trimmed below
     try:
-        for (name, lk), rows in zip(keys, groups, strict=True):
-            _run_series(mon, mon._new_series(name, lk), rows, steps[rows], values[rows])
+        runs = [
+            (mon._new_series(name, lk), rows) for (name, lk), rows in zip(keys, groups, strict=True)
+        ]
+        # The LR series first: the loss series' areas come from what it fed the clock.
+        runs.sort(key=lambda r: r[0] is not mon._lr_series)
+        lr_fed = _NO_LR
+        for series, rows in runs:
+            if series is mon._lr_series:
+                lr_fed = _feed_clock(mon.lr_clock, rows, steps[rows], values[rows])
+            _run_series(mon, series, rows, steps[rows], values[rows], lr_fed)
         _link_precursors(mon)
         ordered = sorted(all_anoms, key=lambda a: mon._order[id(a)])
     finally:
@@ -69,7 +85,32 @@ def replay_batch(
     return True
 
 
-def _run_series(mon: Monitor, series, rows: np.ndarray, st: np.ndarray, v: np.ndarray) -> None:
+def _feed_clock(
+    clock: LRClock, rows: np.ndarray, st: np.ndarray, v: np.ndarray
+) -> tuple[list[State], np.ndarray]:
+    """Feed the LR series to the clock as ``Monitor.update`` does; return each state it
+    made and the row that made it."""
+    states: list[State] = []
+    made: list[int] = []
+    last = clock.last
+    for r, s, x in zip(rows.tolist(), st.tolist(), v.tolist(), strict=True):
+        if math.isfinite(x):
+            clock.add(s, x)
+            if clock.last is not last:
+                last = clock.last
+                states.append(last)
+                made.append(r)
+    return states, np.array(made, dtype=np.int64)
+
+
+def _run_series(
+    mon: Monitor,
+    series,
+    rows: np.ndarray,
+    st: np.ndarray,
+    v: np.ndarray,
+    lr_fed: tuple[list[State], np.ndarray],
+) -> None:
     if st.size and np.any(np.diff(st) < 0):  # pragma: no cover - replay order forbids it
         raise ValueError("batch replay needs steps in order within each series")
     series.last_step = int(st[-1]) if st.size else None
@@ -79,10 +120,13 @@ def _run_series(mon: Monitor, series, rows: np.ndarray, st: np.ndarray, v: np.nd
     _nonfinite(mon, series, rows_l, steps_l, values_l, np.flatnonzero(~np.isfinite(v)))
     for i in range(1, len(series.detectors)):
         det = series.detectors[i]
+        on_error = lambda k, det=det: mon._failed(series, det, steps_l[k])  # noqa: E731
         try:
-            sigs = det.update_many(
-                steps_l, values_l, lambda k, det=det: mon._failed(series, det, steps_l[k])
-            )
+            if isinstance(det, CurveDeviation) and det.lr_clock is not None:
+                areas = areas_at(*lr_fed, rows, st)
+                sigs = det.update_many(steps_l, values_l, on_error, areas=areas)
+            else:
+                sigs = det.update_many(steps_l, values_l, on_error)
         except Exception:  # pragma: no cover - a bug in a vectorised path itself
             mon._failed(series, det, steps_l[0])
             continue

@@ -8,8 +8,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from runwatch.detect.base import Detector, Signal, batch_ready, check_number
+from runwatch.detect.base import Detector, Signal, batch_ready, check_lengths, check_number
 from runwatch.expect.binning import LogBins
+from runwatch.expect.lrclock import LRClock
+from runwatch.expect.lrlaw import AreaLaw, fit_area_law
 from runwatch.expect.powerlaw import PowerLaw, fit_power_law
 
 log = logging.getLogger("runwatch.detect")
@@ -43,10 +45,18 @@ class CurveDeviation(Detector):
     that the detector stops judging and learns again (a bound on how long a wrong fit can
     keep alarming).
 
+    LR schedules: once the run's learning rate is known (``use_lr``: the Monitor hands each
+    loss series the run's :class:`~runwatch.expect.LRClock`), the expected curve is the
+    LR-aware law of Tissue et al. 2024, L = E + A·S1^-α - C·S2 over the summed LR S1 and
+    the annealing area S2 at each point, so warmup, cosine and warmup-stable-decay
+    schedules are expected rather than flagged. When the LR first arrives the detector
+    starts afresh (bins and fit) on that law.
+
     Misses: a plateau late in a run, where the expected curve is itself nearly flat (it is
     found only once the expected curve has fallen ``rel_margin`` below it); anything in
-    the first ``min_points`` points; the drop of an LR anneal is only info, because a plain
-    power law cannot know the schedule (``runwatch.expect.fit_lr_law`` can, in forecasts).
+    the first ``min_points`` points; without a logged LR the drop of an LR anneal is only
+    info ("better than expected"), and with it, a plateau that the LR explains (an LR
+    stuck at 0 is expected to stall the loss: ``LRSanity`` on the LR series reports it).
 
     Baseline protection: points whose smoothed value is in the upper ``1 - learn_frac`` of
     the band or above it are not binned, so a plateau is not fitted as the new normal. The
@@ -112,15 +122,27 @@ class CurveDeviation(Detector):
         self.fit_from = fit_from
         self.refit_growth = refit_growth
         self.adapt_after = adapt_after
+        self._clock: LRClock | None = None
         super().__init__()
+
+    def use_lr(self, clock: LRClock) -> None:
+        """Judge by the LR-aware law once ``clock`` (the run's LR, fed by the Monitor) has
+        the learning rate; until then, and without a clock, by the power law in the step."""
+        self._clock = clock
+
+    @property
+    def lr_clock(self) -> LRClock | None:
+        """The LR clock this detector judges by (None: the power law in the step)."""
+        return self._clock
 
     def _reset(self) -> None:
         self._alpha = 2.0 / (self.span + 1.0)
         self._ema_sd = math.sqrt(self._alpha / (2.0 - self._alpha))
         self._bins = LogBins()
+        self._by_area = False
         self._n = 0
         self._next_fit = self.min_points
-        self._law: PowerLaw | None = None
+        self._law: PowerLaw | AreaLaw | None = None
         self._fit_step = 0.0
         self._ema = math.nan
         self._exp_ema = math.nan
@@ -133,14 +155,15 @@ class CurveDeviation(Detector):
         self._flagged = 0
         self._n_fits = 0
         self._n_untrusted = 0
-        self._hist: list[tuple[int, float]] = []
+        self._hist: list[tuple[int, float, float]] = []  # step, smoothed, S1
         self._stalled = 0
         self._val_err = 0.0
+        self._s2_seen = 0.0
         self._last_fit: PowerLaw | None = None
         self._last_fit_step = 0.0
 
     @property
-    def law(self) -> PowerLaw | None:
+    def law(self) -> PowerLaw | AreaLaw | None:
         """The current expected curve (None before the first fit)."""
         return self._law
 
@@ -148,11 +171,15 @@ class CurveDeviation(Detector):
     def n_fits(self) -> int:
         return self._n_fits
 
-    def expected(self, step: float) -> float | None:
-        """The expected value at ``step`` from the current fit."""
-        if self._law is None:
+    def expected(self, step: int) -> float | None:
+        """The expected value at ``step`` from the current fit (None without one)."""
+        law = self._law
+        if law is None:
             return None
-        return float(self._law.predict(np.array([float(step)]))[0])
+        if isinstance(law, AreaLaw):
+            ar = self._clock.areas(step) if self._clock is not None else None
+            return None if ar is None else law.part(*ar) + law.E
+        return float(law.predict(np.array([float(step)]))[0])
 
     def _smooth(self, x: float) -> float:
         if self._n == 1:
@@ -179,20 +206,21 @@ class CurveDeviation(Detector):
         return self._n_untrusted
 
     def _refit(self, step: float) -> None:
-        bs, bv, _ = self._bins.arrays()
+        bs, bv, _, *areas = self._bins.arrays()
         if bs.size == 0:
             return
         keep = bs >= self.fit_from * bs.max()
         bs, bv = bs[keep], bv[keep]
+        ar = [a[keep] for a in areas]
         hold = max(3, bs.size // 3)
         if bs.size - hold < 6:
             return
         prev, prev_step = self._last_fit, self._last_fit_step
         try:
-            check = fit_power_law(bs[:-hold], bv[:-hold], start=prev)
-            pred = check.predict(bs[-hold:])
+            check = _fit(bs[:-hold], bv[:-hold], [a[:-hold] for a in ar], prev)
+            pred = _predict(check, bs[-hold:], [a[-hold:] for a in ar])
             err = np.abs(pred - bv[-hold:]) / np.maximum(np.abs(bv[-hold:]), 1e-12)
-            law = fit_power_law(bs, bv, start=check)
+            law = _fit(bs, bv, ar, check)
         except ValueError as exc:
             log.debug("curve_deviation: no fit yet (%s)", exc)
             return
@@ -203,21 +231,30 @@ class CurveDeviation(Detector):
             # Never judged by a curve that has not yet foreseen anything.
             self._law = None
             return
-        fwd = np.abs(prev.predict(bs[new]) - bv[new]) / np.maximum(np.abs(bv[new]), 1e-12)
+        pred = _predict(prev, bs[new], [a[new] for a in ar])
+        fwd = np.abs(pred - bv[new]) / np.maximum(np.abs(bv[new]), 1e-12)
         val_err = max(float(np.median(err)), float(np.median(fwd)))
         if val_err > self.max_val_err:
             self._n_untrusted += 1
             self._law = None
             return
         self._law = law
+        self._s2_seen = float(ar[1].max()) if ar else 0.0
         self._val_err = val_err
         self._fit_step = max(float(step), 1.0)
 
     def update(self, step: int, value: float) -> Signal | None:
         if not math.isfinite(value):
             return None
+        clock = self._clock
+        return self._update(step, value, clock.areas(step) if clock is not None else None)
+
+    def _update(self, step: int, value: float, ar: tuple[float, float] | None) -> Signal | None:
+        """``update`` of a finite point whose LR areas ``ar`` are known (None: no LR)."""
         self._n += 1
         ema = self._smooth(value)
+        if ar is not None and not self._by_area:
+            self._start_by_area()
         if self._n >= self._next_fit:
             self._refit(step)
             self._next_fit = int(self._n * self.refit_growth) + 1
@@ -228,9 +265,10 @@ class CurveDeviation(Detector):
         if law is None:
             self._exp_ema = math.nan
             self._over = self._under = self._flagged = 0
-            self._learn(step, value)
+            self._learn(step, value, ar)
             return None
-        exp_raw = float(law.A * max(step + law.s0, 1e-9) ** -law.alpha + law.E)
+        part = _part(law, step, ar)
+        exp_raw = float(part + law.E)
         if math.isnan(self._exp_ema):
             self._exp_ema = exp_raw
         else:
@@ -242,6 +280,14 @@ class CurveDeviation(Detector):
             self.band_sigmas * sigma,
             (self.rel_margin + self._val_err + self.extrap_rel * extrap) * abs(exp_v),
         )
+        fall = part
+        new_anneal = False
+        if isinstance(law, AreaLaw):
+            # An anneal beyond any the fit has seen: its predicted drop is not trusted,
+            # and a loss falling faster than expected meanwhile is no news.
+            new_anneal = ar[1] > self._s2_seen
+            half += law.C * max(ar[1] - self._s2_seen, 0.0)
+            fall = law.forward(ar[0])
         if ema > exp_v + half:
             self._over += 1
             self._under = 0
@@ -250,18 +296,16 @@ class CurveDeviation(Detector):
             self._flagged += 1
             sig = self._signal("warning", step, value, ema, exp_v, half, "above")
             if self._flagged >= self.adapt_after:
-                self._bins = LogBins()
-                self._law = None
-                self._next_fit = self._n + self.min_points
+                self._start_afresh()
                 self._over = self._flagged = 0
             return sig
         self._over = self._flagged = 0
-        stalled = self._stall_check(step, ema, law, sigma)
+        stalled = self._stall_check(step, ema, law, sigma, fall, ar)
         if stalled is not None:
             return stalled
         if ema <= exp_v + self.learn_frac * half:
-            self._learn(step, value)
-        if ema < exp_v - half:
+            self._learn(step, value, ar)
+        if ema < exp_v - half and not new_anneal:
             self._under += 1
             if self._under >= self.patience:
                 return self._signal("info", step, value, ema, exp_v, half, "below")
@@ -274,6 +318,7 @@ class CurveDeviation(Detector):
         steps: Sequence[int],
         values: Sequence[float],
         on_error: Callable[[int], None] | None = None,
+        areas: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> list[tuple[int, Signal]]:
         """``update`` point by point, with the quiet stretches done in numpy (same result).
 
@@ -282,23 +327,32 @@ class CurveDeviation(Detector):
         stretch without a law only learns; a stretch with one is tested at once and stops
         at the first point that is above the band, stalled, or beyond twice the last
         learned step (points below the band are counted, and flagged, there too). That
-        point, each refit point and every point while the above-band or stall counter
-        runs go through ``update`` itself. Needs int steps in order and float values (what
-        batch replay gives); otherwise the plain loop.
+        point, each refit point, the first point with an LR, and every point while the
+        above-band or stall counter runs go through ``update`` itself. Needs int steps in
+        order and float values (what batch replay gives); otherwise the plain loop.
+
+        ``areas``: each point's S1 and S2 as the LR clock gave them live (NaN: no LR yet;
+        ``runwatch.expect.lrclock.areas_at``); required when the detector has a clock,
+        which in a replay has already been fed the whole LR series.
         """
+        if self._clock is not None and areas is None:
+            raise ValueError("a CurveDeviation with an LR clock needs the areas of a batch")
         if not batch_ready(steps, values):
-            return super().update_many(steps, values, on_error)
+            return self._loop(steps, values, areas, on_error)
         vals = np.asarray(values, dtype=float)
         fin = np.flatnonzero(np.isfinite(vals))
         if fin.size == 0:
             return []
         from runwatch.detect.deviation_batch import Batch  # only batch replay needs it
 
-        b = Batch(self, np.asarray(steps)[fin], vals[fin], [steps[i] for i in fin.tolist()])
+        ar = None if areas is None else (areas[0][fin], areas[1][fin])
+        b = Batch(self, np.asarray(steps)[fin], vals[fin], [steps[i] for i in fin.tolist()], ar)
         out: list[tuple[int, Signal]] = []
         m, j, chunk = fin.size, 0, 256
         while j < m:
             left = self._next_fit - (b.n0 + j + 1)  # points before the next refit
+            if not self._by_area and b.first_area is not None:
+                left = min(left, b.first_area - j)  # the first point with an LR: update
             if left > 0 and self._law is None:
                 j = b.learn_all(j, min(m, j + left))
                 continue
@@ -313,14 +367,15 @@ class CurveDeviation(Detector):
             b.set_smooth(j)
             i = int(fin[j])
             try:
-                sig = self.update(steps[i], values[i])
+                sig = self._update(steps[i], values[i], b.areas(j))
             except Exception:
                 if on_error is None:
                     raise
                 on_error(i)
                 # The rest through the plain loop: update may have stopped half way.
-                rest = Detector.update_many(
-                    self, steps[i + 1 :], values[i + 1 :], lambda k, i=i: on_error(i + 1 + k)
+                tail = None if areas is None else (areas[0][i + 1 :], areas[1][i + 1 :])
+                rest = self._loop(
+                    steps[i + 1 :], values[i + 1 :], tail, lambda k, i=i: on_error(i + 1 + k)
                 )
                 return out + [(i + 1 + k, s) for k, s in rest]
             if sig is not None:
@@ -329,24 +384,72 @@ class CurveDeviation(Detector):
         b.set_smooth(m)
         return out
 
-    def _stall_check(self, step: int, ema: float, law: PowerLaw, sigma: float):
+    def _loop(
+        self,
+        steps: Sequence[int],
+        values: Sequence[float],
+        areas: tuple[np.ndarray, np.ndarray] | None,
+        on_error: Callable[[int], None] | None,
+    ) -> list[tuple[int, Signal]]:
+        """``update`` point by point, with the given areas instead of the clock's."""
+        if areas is None:
+            return Detector.update_many(self, steps, values, on_error)
+        check_lengths(steps, values)
+        out: list[tuple[int, Signal]] = []
+        s1l, s2l = areas[0].tolist(), areas[1].tolist()
+        for k, (s, v) in enumerate(zip(steps, values, strict=True)):
+            try:
+                if not math.isfinite(v):
+                    continue
+                ar = None if s1l[k] != s1l[k] else (s1l[k], s2l[k])
+                sig = self._update(s, v, ar)
+            except Exception:
+                if on_error is None:
+                    raise
+                on_error(k)
+                continue
+            if sig is not None:
+                out.append((k, sig))
+        return out
+
+    def _start_by_area(self) -> None:
+        """The LR has arrived: from here the bins keep each point's areas too."""
+        self._by_area = True
+        self._start_afresh()
+        self._hist = []
+
+    def _start_afresh(self) -> None:
+        self._bins = LogBins(extra=2 if self._by_area else 0)
+        self._law = None
+        self._next_fit = self._n + self.min_points
+
+    def _stall_check(
+        self,
+        step: int,
+        ema: float,
+        law: PowerLaw | AreaLaw,
+        sigma: float,
+        now: float,
+        ar: tuple[float, float] | None,
+    ):
         """Has the loss stopped falling where the curve expects it to fall?
 
         Compares the fall of the smoothed loss over the last ``stall_window`` points with
         the fall the expected curve predicts over the same steps: a slope test, so it does
-        not depend on the fit's level being right, only on its slope.
+        not depend on the fit's level being right, only on its slope. ``now`` is the law
+        less its constant at this point; with the LR-aware law, its forward-area term only,
+        so an anneal's extra drop is never required.
         """
         hist = self._hist
-        hist.append((step, ema))
+        hist.append((step, ema, ar[0] if ar is not None else math.nan))
         if len(hist) > self.stall_window:
             del hist[0]
         else:
             return None
-        s_then, e_then = hist[0]
+        s_then, e_then, s1_then = hist[0]
         if s_then >= step:
             return None
-        then = law.A * max(s_then + law.s0, 1e-9) ** -law.alpha
-        now = law.A * max(step + law.s0, 1e-9) ** -law.alpha
+        then = law.forward(s1_then) if isinstance(law, AreaLaw) else _part(law, s_then, None)
         d_exp = then - now
         d_obs = e_then - ema
         need = max(self.band_sigmas * math.sqrt(2.0) * sigma, self.stall_min * abs(ema))
@@ -371,8 +474,11 @@ class CurveDeviation(Detector):
         self._stalled = 0
         return None
 
-    def _learn(self, step: int, value: float) -> None:
-        self._bins.add(step, value)
+    def _learn(self, step: int, value: float, ar: tuple[float, float] | None) -> None:
+        if self._by_area:
+            self._bins.add(step, value, *ar)
+        else:
+            self._bins.add(step, value)
         if step > self._last_learned:
             self._last_learned = float(step)
 
@@ -396,3 +502,24 @@ class CurveDeviation(Detector):
             msg,
             {"smoothed": ema, "relative_deviation": rel, "side": side, "fit_step": self._fit_step},
         )
+
+
+def _part(law: PowerLaw | AreaLaw, step: int, ar: tuple[float, float] | None) -> float:
+    """The law less its constant at one point (the batch path forms the same floats)."""
+    if isinstance(law, AreaLaw):
+        return law.part(*ar)
+    return law.A * max(step + law.s0, 1e-9) ** -law.alpha
+
+
+def _fit(bs: np.ndarray, bv: np.ndarray, areas: list[np.ndarray], start) -> PowerLaw | AreaLaw:
+    """The power law in the step, or with the bins' LR areas the LR-aware law."""
+    if areas:
+        warm = start if isinstance(start, AreaLaw) else None
+        return fit_area_law(areas[0], areas[1], bv, start=warm)
+    return fit_power_law(bs, bv, start=start if isinstance(start, PowerLaw) else None)
+
+
+def _predict(law: PowerLaw | AreaLaw, bs: np.ndarray, areas: list[np.ndarray]) -> np.ndarray:
+    if isinstance(law, AreaLaw):
+        return law.predict_areas(areas[0], areas[1])
+    return law.predict(bs)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from runwatch.detect.base import running_medians, smooth_many, smoothed_state
+from runwatch.expect.lrlaw import AreaLaw
 
 if TYPE_CHECKING:
     from runwatch.detect.deviation import CurveDeviation
@@ -21,13 +22,26 @@ if TYPE_CHECKING:
 
 class Batch:
     """One ``CurveDeviation.update_many`` call: the smoothing of every finite point of the
-    batch, computed up front, and the stretches that need no ``update`` call."""
+    batch, computed up front, and the stretches that need no ``update`` call.
+    ``areas``: each point's LR areas (NaN before the LR), or None without an LR clock."""
 
-    def __init__(self, d: CurveDeviation, st: np.ndarray, x: np.ndarray, steps: list) -> None:
+    def __init__(
+        self,
+        d: CurveDeviation,
+        st: np.ndarray,
+        x: np.ndarray,
+        steps: list,
+        areas: tuple[np.ndarray, np.ndarray] | None,
+    ) -> None:
         self.d = d
         self.st = st
         self.x = x
         self.steps = steps
+        n = x.size
+        self.s1, self.s2 = areas if areas is not None else (np.full(n, np.nan),) * 2
+        self.s1l, self.s2l = self.s1.tolist(), self.s2.tolist()
+        known = np.flatnonzero(~np.isnan(self.s1))
+        self.first_area = int(known[0]) if known.size else None
         self.n0 = d._n
         self.recent0 = list(d._recent)
         xl = x.tolist()
@@ -35,6 +49,11 @@ class Batch:
         ema, ad = _smooth_many(d, xl)
         self.ema_l, self.ad_l = ema, ad
         self.ema, self.ad = np.array(ema), np.array(ad)
+
+    def areas(self, j: int) -> tuple[float, float] | None:
+        """Point ``j``'s areas as ``update`` takes them (None before the LR)."""
+        s1 = self.s1l[j]
+        return None if s1 != s1 else (s1, self.s2l[j])
 
     def set_smooth(self, j: int) -> None:
         """Put the smoothing state where ``update`` leaves it after the first ``j`` points."""
@@ -53,7 +72,8 @@ class Batch:
             return
         d = self.d
         il = idx.tolist()
-        d._bins.add_many([self.steps[i] for i in il], self.x[idx])
+        extra = (self.s1[idx], self.s2[idx]) if d._by_area else ()
+        d._bins.add_many([self.steps[i] for i in il], self.x[idx], *extra)
         top = self.steps[il[-1]]  # steps are in order: the last is the largest
         if top > d._last_learned:
             d._last_learned = float(top)
@@ -70,8 +90,7 @@ class Batch:
         stf = st.astype(float)
         ema = self.ema[a:b]
         n = b - a
-        # A·max(step + s0, 1e-9)^-α with Python's pow, as update computes it.
-        now = law.A * _pow(np.maximum(stf + law.s0, 1e-9), -law.alpha)
+        now = self._parts(law, stf, a, b)
         exp_l = _ema_of((now + law.E).tolist(), d._exp_ema, d._alpha)
         exp_v = np.array(exp_l)
         sigma = 0.886 * self.ad[a:b] * d._ema_sd
@@ -81,6 +100,12 @@ class Batch:
             d.band_sigmas * sigma,
             (d.rel_margin + d._val_err + d.extrap_rel * extrap) * np.abs(exp_v),
         )
+        fall = now
+        seen = np.ones(n, dtype=bool)
+        if isinstance(law, AreaLaw):
+            half += law.C * np.maximum(self.s2[a:b] - d._s2_seen, 0.0)
+            seen = self.s2[a:b] <= d._s2_seen
+            fall = np.array(list(map(law.forward, self.s1l[a:b])))
         stop = ema > exp_v + half
         learn = ema <= exp_v + d.learn_frac * half
         # Beyond twice the last learned step (before this point): update drops the law.
@@ -96,13 +121,10 @@ class Batch:
             old = hist[q0 : q0 + n - j0]
             s0 = max(q0 - h0, 0)
             s1 = s0 + n - j0 - len(old)
-            then_s = np.concatenate((np.array([s for s, _ in old], dtype=float), stf[s0:s1]))
-            then_e = np.concatenate((np.array([v for _, v in old]), ema[s0:s1]))
-            then = np.concatenate(
-                (law.A * _pow(np.maximum(then_s[: len(old)] + law.s0, 1e-9), -law.alpha),
-                 now[s0:s1])
-            )  # fmt: skip
-            d_exp = then - now[j0:]
+            then_s = np.concatenate((np.array([h[0] for h in old], dtype=float), stf[s0:s1]))
+            then_e = np.concatenate((np.array([h[1] for h in old]), ema[s0:s1]))
+            then = np.concatenate((_hist_falls(law, old), fall[s0:s1]))
+            d_exp = then - fall[j0:]
             e_now = ema[j0:]
             d_obs = then_e - e_now
             need = np.maximum(
@@ -113,7 +135,7 @@ class Batch:
         if c == 0:
             return a
         # Below the band: a run of points counts up, and from ``patience`` on it is info.
-        below = (ema[:c] < exp_v[:c] - half[:c]).astype(np.int64)
+        below = ((ema[:c] < exp_v[:c] - half[:c]) & seen[:c]).astype(np.int64)
         if below.any():
             run = np.cumsum(below)
             reset = np.maximum.accumulate(np.where(below == 0, run, -1))
@@ -130,13 +152,31 @@ class Batch:
         else:
             d._under = 0
         keep = min(c, w)
+        lo, hi = a + c - keep, a + c
         new = list(
-            zip(self.steps[a + c - keep : a + c], self.ema_l[a + c - keep : a + c], strict=True)
-        )
+            zip(
+                self.steps[lo:hi], self.ema_l[lo:hi], self.s1l[lo:hi], strict=True,
+            )
+        )  # fmt: skip
         d._hist = (hist + new)[-w:] if h0 + keep > w else hist + new
         d._exp_ema = exp_l[c - 1]
         self._learn(a + np.flatnonzero(learn[:c]))
         return a + c
+
+    def _parts(self, law, stf: np.ndarray, a: int, b: int) -> np.ndarray:
+        """The law less its constant at points a..b-1, as ``update`` forms each."""
+        if isinstance(law, AreaLaw):
+            return np.array(list(map(law.part, self.s1l[a:b], self.s2l[a:b])))
+        # A·max(step + s0, 1e-9)^-α with Python's pow, as update computes it.
+        return law.A * _pow(np.maximum(stf + law.s0, 1e-9), -law.alpha)
+
+
+def _hist_falls(law, hist: list[tuple[int, float, float]]) -> np.ndarray:
+    """What the slope test takes of the law at ``hist`` entries (see ``_stall_check``)."""
+    if isinstance(law, AreaLaw):
+        return np.array([law.forward(h[2]) for h in hist])
+    st = np.array([h[0] for h in hist], dtype=float)
+    return law.A * _pow(np.maximum(st + law.s0, 1e-9), -law.alpha)
 
 
 def _ema_of(raw: list[float], e: float, alpha: float) -> list[float]:

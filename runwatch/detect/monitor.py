@@ -15,8 +15,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from runwatch.detect.base import Detector, Signal
+from runwatch.detect.deviation import CurveDeviation
 from runwatch.detect.roles import DEFAULT_DETECTORS, ROLES, role_of
 from runwatch.detect.spike import Spike
+from runwatch.expect.lrclock import LRClock
 from runwatch.model import LABEL_KEYS, SEVERITIES, Anomaly, Event
 
 log = logging.getLogger("runwatch.detect")
@@ -70,7 +72,10 @@ class Monitor:
     ``config`` maps metric names (or fnmatch patterns) to roles, overriding the roles read
     from names (``loss``, ``*_loss``, ``grad_norm*``, ``lr``, ``tokens_per_s``,
     ``step_time*``, ...); a nested ``{"roles": {...}}`` is accepted too. Each role gets its
-    default detectors (``runwatch.detect.roles.DEFAULT_DETECTORS``).
+    default detectors (``runwatch.detect.roles.DEFAULT_DETECTORS``). The first series of
+    role ``lr`` is the run's learning rate: it feeds an :class:`~runwatch.expect.LRClock`
+    that the expected-curve detector of every loss series judges by (``CurveDeviation``:
+    an LR schedule is expected, not flagged).
 
     ``update`` returns the anomalies that opened, were updated or closed at that point;
     an episode stays one ``Anomaly`` object, updated in place while it is open, and closes
@@ -104,6 +109,8 @@ class Monitor:
         self._n_out_of_order = 0
         self._n_errors = 0
         self._n_bad = 0
+        self.lr_clock = LRClock()
+        self._lr_series: _Series | None = None
         # Batch replay (runwatch.detect.batch) defers precursor links and orders anomalies
         # by the row that opened them; live use leaves these unused.
         self._deferred: list[tuple[int, _Series, int, Anomaly]] | None = None
@@ -181,11 +188,15 @@ class Monitor:
             series.last_step = step
             for d in dets:
                 d.rewind(step)
+            if series is self._lr_series:
+                self.lr_clock.rewind(step)
         else:
             # Out of order without a restart: only the non-finite check sees it, so a
             # late point cannot corrupt the baselines.
             self._n_out_of_order += 1
             dets = dets[:1]
+        if series is self._lr_series and dets is series.detectors and math.isfinite(value):
+            self.lr_clock.add(step, value)
         out: list[Anomaly] = []
         opened = series.open
         for i, det in enumerate(dets):
@@ -266,6 +277,12 @@ class Monitor:
         labels = {k: v for k, v in zip(LABEL_KEYS, lk, strict=True) if v is not None}
         s = _Series(metric, labels, role, DEFAULT_DETECTORS[role]())
         self._series[(metric, lk)] = s
+        if role == "lr" and self._lr_series is None:
+            self._lr_series = s
+        elif role == "loss":
+            for d in s.detectors:
+                if isinstance(d, CurveDeviation):
+                    d.use_lr(self.lr_clock)
         log.debug("new series %s with role %s", s.key, role)
         return s
 

@@ -52,6 +52,9 @@ def bin_arrays(
 class LogBins:
     """Streaming version of ``bin_arrays`` (bin means, not medians, to stay O(1) per point).
 
+    ``extra`` more numbers per point (the LR areas of the point, for the expected-curve
+    detector) are averaged per bin beside the value and returned after the counts.
+
     >>> b = LogBins(per_octave=1)
     >>> for s in range(8):
     ...     b.add(s, float(s))
@@ -59,21 +62,24 @@ class LogBins:
     [[0.0, 1.5, 4.5, 7.0], [0.0, 1.5, 4.5, 7.0], [1, 2, 4, 1]]
     """
 
-    def __init__(self, per_octave: int = PER_OCTAVE) -> None:
+    def __init__(self, per_octave: int = PER_OCTAVE, extra: int = 0) -> None:
         self.per_octave = per_octave
+        self.extra = extra
         self._bins: dict[int, list[float]] = {}
 
-    def add(self, step: float, value: float) -> None:
+    def add(self, step: float, value: float, *extra: float) -> None:
         k = bin_index(step, self.per_octave)
         b = self._bins.get(k)
         if b is None:
-            self._bins[k] = [step, value, 1.0]
+            self._bins[k] = [step, value, 1.0, *extra]
         else:
             b[0] += step
             b[1] += value
             b[2] += 1.0
+            for i, x in enumerate(extra, 3):
+                b[i] += x
 
-    def add_many(self, steps: list[int], values: np.ndarray) -> None:
+    def add_many(self, steps: list[int], values: np.ndarray, *extra: np.ndarray) -> None:
         """``add`` over many points whose steps are Python ints in non-decreasing order.
 
         Bit for bit what ``add`` gives: each bin's step sum stays an int, its value sum is
@@ -91,31 +97,33 @@ class LogBins:
         ks = k[bounds[:-1]].tolist()
         for i, (a, b) in enumerate(itertools.pairwise(bounds)):
             if bin_index(steps[a], po) != ks[i] or bin_index(steps[b - 1], po) != ks[i]:
-                for s, v in zip(steps, values.tolist(), strict=True):
-                    self.add(s, v)  # pragma: no cover - numpy's log2 disagrees with math's
+                cols = [c.tolist() for c in (values, *extra)]
+                for s, *v in zip(steps, *cols, strict=True):
+                    self.add(s, *v)  # pragma: no cover - numpy's log2 disagrees with math's
                 return  # pragma: no cover
         bins = self._bins
+        cols = (values, *extra)
         for kk, a, b in zip(ks, bounds[:-1], bounds[1:], strict=True):
             old = bins.get(kk)
-            seg = values[a:b]
             if old is None:
-                bins[kk] = [
-                    steps[a] + sum(steps[a + 1 : b]),
-                    float(np.cumsum(seg)[-1]),
-                    float(b - a),
-                ]
+                sums = [float(np.cumsum(c[a:b])[-1]) for c in cols]
+                bins[kk] = [steps[a] + sum(steps[a + 1 : b]), sums[0], float(b - a), *sums[1:]]
             else:
                 old[0] += sum(steps[a:b])
-                old[1] = float(np.cumsum(np.concatenate(([old[1]], seg)))[-1])
                 old[2] += float(b - a)
+                for i, c in zip((1, *range(3, 3 + len(extra))), cols, strict=True):
+                    old[i] = float(np.cumsum(np.concatenate(([old[i]], c[a:b])))[-1])
 
     def __len__(self) -> int:
         return len(self._bins)
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """Mean step, mean value, count, then the mean of each extra number, per bin."""
         keys = sorted(self._bins)
         if not keys:
             empty = np.empty(0)
-            return empty, empty, np.empty(0, dtype=int)
+            return (empty, empty, np.empty(0, dtype=int), *([empty] * self.extra))
         a = np.array([self._bins[k] for k in keys])
-        return a[:, 0] / a[:, 2], a[:, 1] / a[:, 2], a[:, 2].astype(int)
+        n = a[:, 2]
+        extra = tuple(a[:, i] / n for i in range(3, 3 + self.extra))
+        return (a[:, 0] / n, a[:, 1] / n, n.astype(int), *extra)

@@ -2,7 +2,9 @@
 Rate Annealing"): L(s) = L0 + A·S1(s)^-α - C·S2(s).
 
 S1 is the forward area (the summed LR up to step s) and S2 the annealing area: the sum
-of a momentum of LR decreases, m_i = λ·m_(i-1) + (η_(i-1) - η_i). A cosine or
+of a momentum of LR decreases, m_i = λ·m_(i-1) + max(η_(i-1) - η_i, 0). Increases (a
+warmup) add nothing to S2: counted as negative annealing, a warmup would leave S2 drifting
+for thousands of steps after it, a bend the law would have to explain with C. A cosine or
 warmup-stable-decay schedule lowers the loss during its decay; this law expects that
 drop, where a plain power law in the step would call it an anomaly.
 """
@@ -42,7 +44,7 @@ def lr_areas(
     grid = np.arange(int(upto) + 1, dtype=float)
     eta = np.interp(grid, ls, lv / peak)
     s1 = np.cumsum(eta)
-    drop = np.concatenate(([0.0], eta[:-1] - eta[1:]))
+    drop = np.concatenate(([0.0], np.maximum(eta[:-1] - eta[1:], 0.0)))
     m = lfilter([1.0], [1.0, -decay], drop)
     s2 = np.cumsum(m)
     return s1, s2
@@ -67,6 +69,86 @@ class LRLaw:
         return self.L0 + self.A * np.power(s1, -self.alpha) - self.C * self.s2[idx]
 
 
+@dataclass(frozen=True, slots=True)
+class AreaLaw:
+    """L = E + A·S1^-α - C·S2 on areas given point by point (``runwatch.expect.LRClock``)."""
+
+    E: float
+    A: float
+    alpha: float
+    C: float
+    sigma: float
+    n: int
+
+    def forward(self, s1: float) -> float:
+        """The forward-area term A·S1^-α alone (what the LR's progress predicts)."""
+        return self.A * max(s1, 1e-300) ** -self.alpha
+
+    def part(self, s1: float, s2: float) -> float:
+        """The law less its constant ``E``, as the expected-curve detector forms it."""
+        return self.forward(s1) - self.C * s2
+
+    def predict_areas(self, s1: np.ndarray, s2: np.ndarray) -> np.ndarray:
+        return self.E + self.A * np.power(np.maximum(s1, 1e-300), -self.alpha) - self.C * s2
+
+
+def fit_area_law(
+    s1: np.ndarray,
+    s2: np.ndarray,
+    values: np.ndarray,
+    weights: np.ndarray | None = None,
+    start: AreaLaw | None = None,
+) -> AreaLaw:
+    """Fit L = E + A·S1^-α - C·S2 (soft-L1) on points or bins whose areas are known.
+
+    ``start``: a previous fit to start from (a refit as the run goes).
+    """
+    a1 = np.asarray(s1, dtype=float)
+    a2 = np.asarray(s2, dtype=float)
+    y = np.asarray(values, dtype=float)
+    w = np.ones_like(y) if weights is None else np.asarray(weights, dtype=float)
+    ok = np.isfinite(a1) & np.isfinite(a2) & np.isfinite(y) & (a1 > 0)
+    a1, a2, y, w = a1[ok], a2[ok], y[ok], w[ok]
+    if y.size < MIN_POINTS:
+        raise TooLittleData(int(y.size), MIN_POINTS)
+    ymin, span = float(y.min()), float(np.ptp(y))
+    if span <= 1e-12 * max(1.0, abs(ymin)):
+        return AreaLaw(ymin, 0.0, 1.0, 0.0, 0.0, int(y.size))
+    top = float(a1.max())
+    a1n = a1 / top
+    sw = np.sqrt(w)
+    f_scale = max(float(1.0484 * np.median(np.abs(np.diff(y)))), 1e-3 * span, 1e-12)
+    s2max = float(np.abs(a2).max())
+    # Without an anneal in the data (S2 all zero) C cannot be told apart: fit E, A, α.
+    k = 4 if s2max > 0 else 3
+    a2n = a2 / s2max if k == 4 else a2
+
+    def resid(p: np.ndarray) -> np.ndarray:
+        anneal = p[3] * a2n if k == 4 else 0.0
+        return sw * (p[0] + p[1] * np.power(a1n, -p[2]) - anneal - y)
+
+    def jac(p: np.ndarray) -> np.ndarray:
+        pw = np.power(a1n, -p[2])
+        cols = [sw, sw * pw, -sw * p[1] * pw * np.log(a1n), -sw * a2n][:k]
+        return np.column_stack(cols)
+
+    e_low = 0.0 if ymin > 0 else ymin - 10.0 * span
+    lo = np.array([e_low, 0.0, 0.02, 0.0])[:k]
+    hi = np.array([ymin + span, np.inf, 3.0, np.inf])[:k]
+    p0 = np.array([max(ymin - 0.5 * span, e_low), 0.5 * span + 1e-9, 0.5, 0.0])[:k]
+    if start is not None and start.A > 0:
+        p0 = np.array([start.E, start.A * top**-start.alpha, start.alpha, start.C * s2max])
+        p0 = np.clip(p0[:k], lo, np.nextafter(hi, -np.inf))
+    r = least_squares(
+        resid, p0, jac=jac, bounds=(lo, hi), loss="soft_l1", f_scale=f_scale, max_nfev=300
+    )
+    e, a, alpha = (float(v) for v in r.x[:3])
+    c = float(r.x[3]) / s2max if k == 4 else 0.0
+    res = r.fun / sw
+    sigma = float(1.4826 * np.median(np.abs(res - np.median(res))))
+    return AreaLaw(e, a * top**alpha, alpha, c, sigma, int(y.size))
+
+
 def fit_lr_law(
     steps: np.ndarray,
     values: np.ndarray,
@@ -86,30 +168,5 @@ def fit_lr_law(
     horizon = int(max(horizon, x.max()))
     s1, s2 = lr_areas(lr_steps, lr_values, horizon)
     idx = np.clip(x.round().astype(int), 0, horizon)
-    a1, a2 = np.maximum(s1[idx], 1e-9), s2[idx]
-    a1n = a1 / a1.max()
-    ymin, span = float(y.min()), float(np.ptp(y))
-    if span <= 1e-12 * max(1.0, abs(ymin)):
-        return LRLaw(ymin, 0.0, 1.0, 0.0, 0.0, int(x.size), s1, s2)
-    sw = np.sqrt(w)
-    f_scale = max(float(1.0484 * np.median(np.abs(np.diff(y)))), 1e-3 * span, 1e-12)
-    s2max = max(float(np.abs(a2).max()), 1e-9)
-
-    def resid(p: np.ndarray) -> np.ndarray:
-        return sw * (p[0] + p[1] * np.power(a1n, -p[2]) - p[3] * a2 / s2max - y)
-
-    def jac(p: np.ndarray) -> np.ndarray:
-        pw = np.power(a1n, -p[2])
-        return np.column_stack((sw, sw * pw, -sw * p[1] * pw * np.log(a1n), -sw * a2 / s2max))
-
-    e_low = 0.0 if ymin > 0 else ymin - 10.0 * span
-    lo = np.array([e_low, 0.0, 0.02, 0.0])
-    hi = np.array([ymin + span, np.inf, 3.0, np.inf])
-    p0 = np.array([max(ymin - 0.5 * span, e_low), 0.5 * span + 1e-9, 0.5, 0.0])
-    r = least_squares(
-        resid, p0, jac=jac, bounds=(lo, hi), loss="soft_l1", f_scale=f_scale, max_nfev=300
-    )
-    l0, a, alpha, c = (float(v) for v in r.x)
-    res = r.fun / sw
-    sigma = float(1.4826 * np.median(np.abs(res - np.median(res))))
-    return LRLaw(l0, a * a1.max() ** alpha, alpha, c / s2max, sigma, int(x.size), s1, s2)
+    law = fit_area_law(np.maximum(s1[idx], 1e-9), s2[idx], y, w)
+    return LRLaw(law.E, law.A, law.alpha, law.C, law.sigma, law.n, s1, s2)

@@ -1,0 +1,142 @@
+"""The LR areas of Tissue et al. 2024 as a run goes: S1 (summed LR) and S2 (annealing).
+
+``runwatch.expect.lr_areas`` computes them over a whole logged schedule; the Monitor needs
+them point by point, at bounded cost, for the expected-curve detector of each loss series.
+An :class:`LRClock` is fed the run's LR as it is logged and answers "S1 and S2 at step s"
+from what it has been fed so far: the LR is interpolated linearly between logged steps (the
+recurrences of ``lr_areas``, summed in closed form over a gap) and held flat past the last
+logged step. Raw LR units: the fits normalise the areas themselves.
+
+Replay gets the same numbers: :func:`areas_at` gives, for each point of a series, what
+:meth:`LRClock.areas` answered live when that point came (the LR points fed before it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from functools import cache
+
+import numpy as np
+
+from runwatch.expect.lrlaw import DECAY
+
+MAX_GAP = 50_000
+"""Past this many steps the annealing momentum has decayed to nothing (0.999^50000)."""
+
+State = tuple[int, float, float, float, float]
+"""(step, lr, S1, S2, momentum) right after an LR point."""
+
+
+@cache
+def _decay_sums() -> tuple[float, ...]:
+    """g(k) = λ + λ² + ... + λ^k for k = 0..MAX_GAP: a flat LR adds m·g(k) to S2."""
+    lam = DECAY
+    return tuple(lam * (1.0 - lam**k) / (1.0 - lam) for k in range(MAX_GAP + 1))
+
+
+def _g(k: int) -> float:
+    return _decay_sums()[min(k, MAX_GAP)]
+
+
+class LRClock:
+    """S1 and S2 at any step, from the LR points fed so far.
+
+    Memory is bounded: the last ``keep`` states are kept, which is how far a restart can
+    rewind exactly (an older rewind restarts from the oldest state kept).
+
+    >>> c = LRClock()
+    >>> for s in range(4):
+    ...     c.add(s, 1.0 - 0.25 * s)
+    >>> s1, s2 = c.areas(3)
+    >>> round(s1, 3), round(s2, 4)
+    (2.5, 1.499)
+    >>> c.areas(5)[0]  # held flat at 0.25 past the last LR point
+    3.0
+    """
+
+    def __init__(self, keep: int = 4096) -> None:
+        self.keep = keep
+        self._states: deque[State] = deque(maxlen=keep)
+
+    def __bool__(self) -> bool:
+        return bool(self._states)
+
+    @property
+    def last(self) -> State | None:
+        """The state after the last LR point (None before the first)."""
+        return self._states[-1] if self._states else None
+
+    def add(self, step: int, lr: float) -> None:
+        """Take the LR logged at ``step`` (finite; steps must not go back, see ``rewind``).
+
+        A repeated step keeps the LR first logged for it.
+        """
+        step = int(step)
+        lr = float(lr)
+        if not math.isfinite(lr):
+            raise ValueError(f"learning rate at step {step} is {lr}, not a finite number")
+        if not self._states:
+            # Before the first logged step the LR is held at its first value (np.interp).
+            self._states.append((step, lr, lr * (max(step, 0) + 1), 0.0, 0.0))
+            return
+        last, eta, s1, s2, m = self._states[-1]
+        k = step - last
+        if k <= 0:
+            return
+        d = (lr - eta) / k  # the LR's change per step over the gap
+        dd = min(d, 0.0)  # only decreases feed the annealing momentum
+        g = _g(k)
+        lam_k = DECAY**k
+        s1 = s1 + k * eta + d * (k * (k + 1) / 2)
+        s2 = s2 + m * g - dd / (1.0 - DECAY) * (k - g)
+        m = lam_k * m - dd * (1.0 - lam_k) / (1.0 - DECAY)
+        self._states.append((step, lr, s1, s2, m))
+
+    def areas(self, step: int) -> tuple[float, float] | None:
+        """S1 and S2 at ``step`` from the latest state at or before it (None: no LR yet)."""
+        states = self._states
+        if not states:
+            return None
+        st = states[-1]
+        if st[0] > step:
+            st = next((x for x in reversed(states) if x[0] <= step), states[0])
+        return extrapolate(st, step)
+
+    def rewind(self, step: int) -> None:
+        """A restart: forget the states at or after ``step`` (the oldest is always kept)."""
+        states = self._states
+        while len(states) > 1 and states[-1][0] >= step:
+            states.pop()
+
+
+def extrapolate(state: State, step: int) -> tuple[float, float]:
+    """S1 and S2 at ``step`` with the LR held flat since ``state``'s step."""
+    last, eta, s1, s2, m = state
+    k = max(int(step) - last, 0)
+    return s1 + eta * k, s2 + m * _g(k)
+
+
+def areas_at(
+    states: list[State], state_rows: np.ndarray, rows: np.ndarray, steps: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """What ``LRClock.areas`` answered for points at ``rows``/``steps`` of a replay in
+    which the clock was fed ``states`` at ``state_rows`` (NaN where no LR had come yet).
+
+    Bit for bit the same floats: the same products and sums, in numpy.
+    """
+    n = rows.size
+    s1 = np.full(n, math.nan)
+    s2 = np.full(n, math.nan)
+    idx = np.searchsorted(state_rows, rows, side="left") - 1
+    ok = np.flatnonzero(idx >= 0)
+    if ok.size == 0 or not states:
+        return s1, s2
+    arr = np.array([st[1:] for st in states], dtype=float)
+    last = np.array([st[0] for st in states], dtype=np.int64)
+    i = idx[ok]
+    k = np.maximum(steps[ok].astype(np.int64) - last[i], 0)
+    g = np.asarray(_decay_sums())[np.minimum(k, MAX_GAP)]
+    s1[ok] = arr[i, 1] + arr[i, 0] * k
+    s2[ok] = arr[i, 2] + arr[i, 3] * g
+    return s1, s2

@@ -1,0 +1,96 @@
+"""The LR clock: Tissue et al.'s S1 and S2 as a run goes, equal to ``lr_areas``."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from runwatch.expect import LRClock, fit_area_law, lr_areas
+
+
+def schedule(n: int = 6000) -> np.ndarray:
+    """Warmup, cosine decay to 10%, with a short LR bump in the middle."""
+    s = np.arange(n)
+    lr = np.minimum((s + 1) / 300, 1.0) * 3e-4 * (0.55 + 0.45 * np.cos(np.pi * s / n))
+    lr[3000:3050] *= 2.0
+    return lr
+
+
+@pytest.mark.parametrize("every", [1, 7, 250])
+def test_clock_equals_lr_areas_at_every_logged_step(every):
+    lr = schedule()
+    logged = np.arange(0, lr.size, every)
+    clock = LRClock(keep=lr.size)
+    peak = float(np.max(lr[logged]))
+    s1, s2 = lr_areas(logged, lr[logged], int(logged[-1]))
+    for st in logged.tolist():
+        clock.add(st, float(lr[st]))
+        got1, got2 = clock.areas(st)
+        # lr_areas normalises by the peak LR; the clock keeps raw units.
+        assert got1 / peak == pytest.approx(s1[st], rel=1e-9)
+        assert got2 / peak == pytest.approx(s2[st], rel=1e-9, abs=1e-12)
+
+
+def test_clock_holds_the_lr_flat_past_the_last_logged_step():
+    clock = LRClock()
+    clock.add(0, 1.0)
+    clock.add(10, 0.5)  # a decrease: the annealing momentum is up
+    s1, s2 = clock.areas(10)
+    later1, later2 = clock.areas(110)
+    assert later1 == pytest.approx(s1 + 0.5 * 100)
+    assert later2 > s2  # the momentum keeps adding, decaying
+    # ... and converges: the whole drop of 0.5, over 1 - λ, at most.
+    assert clock.areas(10_000_000)[1] == pytest.approx(clock.areas(1_000_000)[1])
+    assert clock.areas(10_000_000)[1] <= s2 + 0.5 / (1 - 0.999)
+
+
+def test_warmup_adds_no_annealing_area():
+    clock = LRClock()
+    for st in range(500):
+        clock.add(st, 1e-3 * (st + 1) / 500)
+    assert clock.areas(499)[1] == 0.0
+    assert clock.areas(499)[0] > 0.0
+
+
+def test_rewind_gives_the_areas_of_the_redone_schedule():
+    lr = schedule(2000)
+    clock = LRClock()
+    for st in range(1500):
+        clock.add(st, float(lr[st]))
+    clock.rewind(1200)  # restart from a checkpoint at step 1200
+    redo = lr.copy()
+    redo[1200:] *= 0.5  # the restart lowered the LR
+    for st in range(1200, 2000):
+        clock.add(st, float(redo[st]))
+    fresh = LRClock()
+    for st in range(2000):
+        fresh.add(st, float(redo[st]))
+    assert clock.areas(1999) == pytest.approx(fresh.areas(1999), rel=1e-12)
+
+
+def test_areas_before_any_lr_are_unknown_and_repeats_are_ignored():
+    clock = LRClock()
+    assert clock.areas(5) is None and not clock
+    clock.add(3, 2.0)
+    clock.add(3, 9.0)  # a repeated step keeps the first LR
+    assert clock.areas(3) == (8.0, 0.0)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_non_finite_lr_is_refused_with_its_step(bad):
+    with pytest.raises(ValueError, match="step 7"):
+        LRClock().add(7, bad)
+
+
+def test_area_law_recovers_a_noiseless_law_and_fits_without_an_anneal():
+    lr = schedule(8000)
+    s1, s2 = lr_areas(np.arange(lr.size), lr, lr.size - 1)
+    idx = np.unique(np.geomspace(300, lr.size - 1, 120).astype(int))
+    y = 2.0 + 3.0 * s1[idx] ** -0.4 - 0.002 * s2[idx]
+    law = fit_area_law(s1[idx], s2[idx], y)
+    assert law.predict_areas(s1[idx], s2[idx]) == pytest.approx(y, rel=1e-4)
+    flat = fit_area_law(s1[idx], np.zeros(idx.size), 2.0 + 3.0 * s1[idx] ** -0.4)
+    assert flat.C == 0.0
+    assert flat.part(s1[-1], 5.0) == pytest.approx(3.0 * s1[-1] ** -0.4, rel=1e-3)
