@@ -6,6 +6,7 @@ Screenshots of every page are kept under test-artifacts/ (gitignored) for people
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -67,6 +68,9 @@ def test_pages_in_a_real_browser_and_a_benign_verdict_is_stored(server) -> None:
             expect(chart.get_by_text("loss", exact=True).first).to_be_visible()
             expect(chart.get_by_text("critical anomaly")).to_be_visible()
             expect(chart.get_by_text("restart #2 (resume)")).to_be_visible()
+            # The clock's escaped colons (ui.clock_text) show as plain colons.
+            clock = page.get_by_text(re.compile(r"^updated \d\d:\d\d:\d\d$"))
+            expect(clock.first).to_be_visible()
             # The Run page's HTML tells the browser to fetch plotly.js with the page shell.
             assert "/PlotlyChart." in response.headers.get("link", "")
             page.wait_for_timeout(1500)
