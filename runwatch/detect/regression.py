@@ -22,10 +22,11 @@ class Regression(Detector):
     the baseline. Clipping is what makes it better than the usual "median + 3·MAD" rule:
     an isolated slow step (a checkpoint, a periodic optimizer step, a data-shard load)
     adds at most ``clip - k`` and is forgotten, while a lasting 5% slowdown adds up fast.
-    ``details['change']`` is the relative worsening (0.05 = 5% slower / 5% less
-    throughput); severity: info for the first ``persist - 1`` flagged points (bursts of
-    slow steps are common and benign), then warning from ``warn_change``, critical from
-    ``critical_change``, info below.
+    ``details['change']`` is the relative worsening in time per unit of work (0.05 = 5%
+    slower; for throughput, 1/(1 - drop) - 1: a 31% drop in tokens/s is 0.45, and the
+    message says "31.0% lower"); severity: info for the first ``persist - 1`` flagged
+    points (bursts of slow steps are common and benign), then warning from
+    ``warn_change``, critical from ``critical_change``, info below.
 
     Catches: a straggler GPU, a throttled node, a slower data path — lasting regressions.
     Misses: isolated slow steps (by design); regressions smaller than ``min_change``;
@@ -285,8 +286,11 @@ class Regression(Detector):
             sev = "warning"
         else:
             sev = "info"
-        what = "throughput" if self.higher_is_better else "step time"
-        msg = f"{what} regression: {value:.4g} vs baseline {expected:.4g} ({change:.1%} worse)"
+        if self.higher_is_better:
+            what, how = "throughput", f"{change / (1.0 + change):.1%} lower"
+        else:
+            what, how = "step time", f"{change:.1%} slower"
+        msg = f"{what} regression: {value:.4g} vs baseline {expected:.4g} ({how})"
         return Signal(
             sev,
             self._cusum,
