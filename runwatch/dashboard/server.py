@@ -167,7 +167,6 @@ def serve(db: str, host: str, port: int, open_browser: bool) -> int:
     from streamlit.web import cli as stcli
 
     check_port(host, port)
-    warm_up()
     os.environ[DB_ENV] = str(Path(db).resolve())
     url = url_of(host, port)
     print(f"runwatch dashboard on {db}: {url}  (Ctrl-C to stop)", flush=True)
