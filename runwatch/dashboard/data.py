@@ -23,7 +23,7 @@ import streamlit as st
 
 from runwatch.analysis import planned_final_step
 from runwatch.dashboard import shaping
-from runwatch.expect.forecast import FIT_FROM, forecast
+from runwatch.expect.forecast import FIT_FROM, eta_seconds, forecast
 from runwatch.store import Store, open_store
 
 log = logging.getLogger("runwatch.dashboard")
@@ -216,7 +216,9 @@ def _stored_forecast(
         "predicted": predicted,
         "lower": lower,
         "upper": upper,
-        "eta_seconds": _eta_seconds(series, final),
+        "eta_seconds": eta_seconds(
+            series["time"].to_numpy(), series["step"].to_numpy(), last, final
+        ),
         "final_step": final,
         "last_step": last,
         "fit_from": int(FIT_FROM * last),
@@ -224,19 +226,6 @@ def _stored_forecast(
         "band_now": (now_lower, now_upper),
         "curve": curve[["step", "expected", "lower", "upper"]],
     }
-
-
-def _eta_seconds(series: pd.DataFrame, final: int) -> float | None:
-    """Seconds to ``final`` at the pace of the latest tenth of the run's points."""
-    tail = series.iloc[-max(2, len(series) // 10) :]
-    steps = float(tail["step"].iloc[-1] - tail["step"].iloc[0])
-    seconds = float(tail["time"].iloc[-1] - tail["time"].iloc[0])
-    last = float(series["step"].iloc[-1])
-    if final <= last:
-        return 0.0
-    if steps <= 0 or seconds <= 0:
-        return None
-    return (final - last) * seconds / steps
 
 
 def save_verdict(db: str, anomaly_id: int, verdict: str, note: str, author: str | None) -> int:

@@ -58,20 +58,31 @@ def _band_fn(predict: Callable[[np.ndarray], np.ndarray], sigma: float, upto: fl
     return curve
 
 
-def _eta(times: np.ndarray | None, steps: np.ndarray, upto: float, final: float):
+def eta_seconds(
+    times: np.ndarray | None, steps: np.ndarray, upto: float, final: float
+) -> float | None:
+    """Wall-clock seconds from the last timed step (at most ``upto``) to ``final``, at the
+    pace of the latest tenth of the timed points (None without two timed points or a
+    pace).
+
+    The recent pace, not the run's average: after a restart or a throughput change it is
+    the honest one. The forecast, the dashboard and the Prometheus exporter all use this.
+    """
     if times is None:
         return None
     t = np.asarray(times, dtype=float)
-    ok = np.isfinite(t) & (steps <= upto)
+    s = np.asarray(steps, dtype=float)
+    ok = np.isfinite(t) & (s <= upto)
     if ok.sum() < 2:
         return None
-    s, t = steps[ok], t[ok]
-    # The recent rate (last half of the timed points) is the honest one after restarts.
-    half = s.size // 2
-    ds, dt = s[-1] - s[half - 1 if half else 0], t[-1] - t[half - 1 if half else 0]
+    s, t = s[ok], t[ok]
+    first = s.size - max(2, s.size // 10)
+    ds, dt = s[-1] - s[first], t[-1] - t[first]
+    if final <= s[-1]:
+        return 0.0
     if ds <= 0 or dt <= 0:
         return None
-    return float(max(final - s[-1], 0.0) * dt / ds)
+    return float((final - s[-1]) * dt / ds)
 
 
 def forecast(
@@ -131,7 +142,7 @@ def forecast(
     if target is not None and math.isfinite(target):
         target_step = _target_step(mean_fn, target, up, max(fin, up) * 10.0)
     return Forecast(
-        m, lo, hi, model, _eta(times, s, up, fin), target_step, int(up), int(fin), curve
+        m, lo, hi, model, eta_seconds(times, s, up, fin), target_step, int(up), int(fin), curve
     )
 
 

@@ -150,3 +150,15 @@ def test_forecast_on_a_real_run_at_half_way():
     f = forecast(s, v, upto=25_000, final_step=int(s[-1]))
     assert abs(f.predicted - final) / final < 0.02
     assert f.lower <= final <= f.upper
+
+
+def test_eta_follows_the_recent_pace_not_the_average():
+    from runwatch.expect.forecast import eta_seconds
+
+    steps = np.arange(1000, dtype=float)
+    times = np.where(steps < 800, steps * 1.0, 800 + (steps - 800) * 2.0)  # half speed at 800
+    eta = eta_seconds(times, steps, upto=999, final=1999)
+    assert eta == pytest.approx(1000 * 2.0)  # 1000 steps to go at the latest 0.5 step/s
+    assert eta_seconds(times, steps, upto=999, final=999) == 0.0
+    assert eta_seconds(None, steps, upto=999, final=1999) is None
+    assert eta_seconds(np.full(1000, np.nan), steps, upto=999, final=1999) is None
