@@ -30,8 +30,6 @@ from runwatch.detect.monitor import Monitor, _norm_label
 from runwatch.expect.lrclock import LRClock, State, areas_at
 from runwatch.model import LABEL_KEYS, Anomaly
 
-_NO_LR: tuple[list[State], np.ndarray] = ([], np.empty(0, dtype=np.int64))
-
 
 def replay_batch(
     mon: Monitor,
@@ -44,13 +42,32 @@ def replay_batch(
     nothing was fed and the caller streams instead)."""
     if mon._series or len(mon._anomalies):
         return False
+    return feed_batch(mon, metric, label_cols, steps, values) is not None
+
+
+def feed_batch(
+    mon: Monitor,
+    metric: np.ndarray,
+    label_cols: dict[str, np.ndarray],
+    steps: np.ndarray,
+    values: np.ndarray,
+) -> list[Anomaly] | None:
+    """Feed rows in replay order (by step; within a step, any fixed series order) into
+    ``mon``, fresh or not: what ``Monitor.update`` row by row would do. Returns the
+    episodes it opened, grew or closed (what the ``update`` calls would have returned,
+    each once), or None if it cannot - a series whose steps go back from where it was
+    (a restart or a late point), or raw labels that normalise alike - and then nothing
+    was fed and the caller streams instead. Live detection feeds each written batch so.
+    """
     n = steps.size
+    if n == 0:
+        return []
     frame = {"metric": metric, **label_cols}
     codes = pd.DataFrame(frame).groupby(list(frame), sort=False, dropna=False).ngroup()
     codes = codes.to_numpy()
     order = np.argsort(codes, kind="stable")
     bounds = np.flatnonzero(np.diff(codes[order])) + 1
-    groups = np.split(order, bounds) if n else []
+    groups = np.split(order, bounds)
     groups.sort(key=lambda g: g[0])  # series are created in order of first appearance
     keys = []
     for rows in groups:
@@ -58,40 +75,62 @@ def replay_batch(
         lk = tuple(_norm_label(label_cols[k][r]) if k in label_cols else None for k in LABEL_KEYS)
         keys.append((str(metric[r]), lk))
     if len(set(keys)) != len(keys):
-        return False  # raw labels that normalise alike: let the streaming path decide
+        return None  # raw labels that normalise alike: let the streaming path decide
+    for key, rows in zip(keys, groups, strict=True):
+        known = mon._series.get(key)
+        if known is not None and known.last_step is not None and steps[rows[0]] < known.last_step:
+            return None  # a rewind or a late point: the streaming path knows what to do
+    # Episodes open before this batch: reported if a point grows or closes them.
+    was_open = [
+        (ep, ep.details["points"])
+        for key in keys
+        if (s := mon._series.get(key)) is not None
+        for ep in s.open
+        if ep is not None
+    ]
     mon._deferred = []
-    all_anoms: deque[Anomaly] = deque()
+    new: deque[Anomaly] = deque()
     kept = mon._anomalies
-    mon._anomalies = all_anoms  # unbounded while rows are out of order; trimmed below
+    mon._anomalies = new  # unbounded while rows are out of order; trimmed below
     try:
         runs = [
-            (mon._new_series(name, lk), rows) for (name, lk), rows in zip(keys, groups, strict=True)
+            (mon._series.get(key) or mon._new_series(*key), rows)
+            for key, rows in zip(keys, groups, strict=True)
         ]
         # The LR series first: the loss series' areas come from what it fed the clock.
         runs.sort(key=lambda r: r[0] is not mon._lr_series)
-        lr_fed = _NO_LR
+        lr_fed = _clock_states(mon.lr_clock)
         for series, rows in runs:
             if series is mon._lr_series:
                 lr_fed = _feed_clock(mon.lr_clock, rows, steps[rows], values[rows])
             _run_series(mon, series, rows, steps[rows], values[rows], lr_fed)
         _link_precursors(mon)
-        ordered = sorted(all_anoms, key=lambda a: mon._order[id(a)])
+        ordered = sorted(new, key=lambda a: mon._order[id(a)])
     finally:
         mon._deferred = None
         mon._anomalies = kept
     kept.extend(ordered)  # the deque keeps the last max_anomalies, as streaming does
     mon._order = {}
     mon._n_points += n
-    return True
+    grown = [ep for ep, points in was_open if ep.details["points"] != points or not ep.is_open]
+    return grown + ordered
+
+
+def _clock_states(clock: LRClock) -> tuple[list[State], np.ndarray]:
+    """The clock's state before a batch, as made by a row before all of it (row -1)."""
+    last = clock.last
+    if last is None:
+        return [], np.empty(0, dtype=np.int64)
+    return [last], np.array([-1], dtype=np.int64)
 
 
 def _feed_clock(
     clock: LRClock, rows: np.ndarray, st: np.ndarray, v: np.ndarray
 ) -> tuple[list[State], np.ndarray]:
     """Feed the LR series to the clock as ``Monitor.update`` does; return each state it
-    made and the row that made it."""
-    states: list[State] = []
-    made: list[int] = []
+    made and the row that made it, after the state it had before (row -1)."""
+    states, made = _clock_states(clock)
+    made_l = made.tolist()
     last = clock.last
     for r, s, x in zip(rows.tolist(), st.tolist(), v.tolist(), strict=True):
         if math.isfinite(x):
@@ -99,8 +138,8 @@ def _feed_clock(
             if clock.last is not last:
                 last = clock.last
                 states.append(last)
-                made.append(r)
-    return states, np.array(made, dtype=np.int64)
+                made_l.append(r)
+    return states, np.array(made_l, dtype=np.int64)
 
 
 def _run_series(
@@ -114,6 +153,7 @@ def _run_series(
     if st.size and np.any(np.diff(st) < 0):  # pragma: no cover - replay order forbids it
         raise ValueError("batch replay needs steps in order within each series")
     series.last_step = int(st[-1]) if st.size else None
+    series.rewind_ok = False
     rows_l = rows.tolist()
     steps_l = st.tolist()
     values_l = v.tolist()
@@ -163,7 +203,8 @@ def _nonfinite(mon: Monitor, series, rows_l, steps_l, values_l, bad: np.ndarray)
     count the finite points between them as the quiet that closes an episode."""
     quiet = series.detectors[0].quiet
     out: list[Anomaly] = []
-    last = -1
+    # An episode open from an earlier batch has had series.quiet[0] quiet points already.
+    last = -1 - (series.quiet[0] if series.open[0] is not None else 0)
     for k in bad.tolist():
         ep = series.open[0]
         if ep is not None and k - last - 1 >= quiet:

@@ -6,6 +6,10 @@ them from the store (by step, then by series), so ``runwatch analyze`` on the fi
 finds the same anomalies as were found live. Episodes are saved as they open, grow and close
 (source ``live``), through the detection thread's own store connection.
 
+Each series of a batch goes through its detectors at once (``runwatch.detect.batch.
+feed_batch``: exactly what ``Monitor.update`` row by row gives, about three times cheaper);
+a batch in which a series goes back (a restart) goes row by row.
+
 Why a thread of its own: detection costs microseconds per point, writing a fraction of one.
 Run in the writer, it would cut the writer's throughput tenfold and delay durability; here it
 can only fall behind. If it falls more than ``max_backlog_points`` behind (a run logging
@@ -24,10 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from runwatch.detect.batch import feed_batch
 from runwatch.detect.fleet import FleetMonitor
 from runwatch.detect.monitor import Monitor
 from runwatch.hook.backend import SeriesBatch
-from runwatch.model import Anomaly, Event
+from runwatch.model import LABEL_KEYS, Anomaly, Event
 from runwatch.store import Store
 
 log = logging.getLogger("runwatch.detect.live")
@@ -142,24 +147,52 @@ class LiveDetection:
             values.append(series.values)
         step_all = np.concatenate(steps)
         order = np.lexsort((np.concatenate(order_keys), step_all))
-        update = self.monitor.update
+        rows = np.concatenate(which)[order]
+        step_arr = step_all[order].astype(np.int64)
+        value_arr = np.concatenate(values).astype(float)[order]
+        time_l = np.concatenate(times)[order].tolist()
+        found = self._feed_monitor(names, rows, step_arr, value_arr, time_l)
+        for anomaly in found:
+            changed[id(anomaly)] = anomaly
         fleet_update = self.fleet.update
         for i, step, value, stamp in zip(
-            np.concatenate(which)[order].tolist(),
-            step_all[order].tolist(),
-            np.concatenate(values)[order].tolist(),
-            np.concatenate(times)[order].tolist(),
-            strict=True,
+            rows.tolist(), step_arr.tolist(), value_arr.tolist(), time_l, strict=True
         ):
             name, labels = names[i]
             stamp = None if stamp != stamp else stamp
-            for anomaly in update(name, labels, step, value, stamp):
-                changed[id(anomaly)] = anomaly
             for anomaly in fleet_update(name, labels, step, value, stamp):
                 changed[id(anomaly)] = anomaly
         for anomaly in self.fleet.tick():
             changed[id(anomaly)] = anomaly
         self._save(changed.values())
+
+    def _feed_monitor(
+        self,
+        names: list[tuple[str, Mapping[str, Any]]],
+        rows: np.ndarray,
+        steps: np.ndarray,
+        values: np.ndarray,
+        times: list[float],
+    ) -> list[Anomaly]:
+        """The batch's points, in replay order, through the Monitor: each series at once
+        (``runwatch.detect.batch.feed_batch``, what ``update`` row by row gives, ~3x
+        cheaper), or row by row when the batch rewinds a series (a restart)."""
+        metric = np.array([m for m, _ in names], dtype=object)[rows]
+        keys = sorted({k for _, labels in names for k in labels if k in LABEL_KEYS})
+        label_cols = {
+            k: np.array([labels.get(k) for _, labels in names], dtype=object)[rows] for k in keys
+        }
+        found = feed_batch(self.monitor, metric, label_cols, steps, values)
+        if found is not None:
+            return found
+        out: list[Anomaly] = []
+        update = self.monitor.update
+        for i, step, value, stamp in zip(
+            rows.tolist(), steps.tolist(), values.tolist(), times, strict=True
+        ):
+            name, labels = names[i]
+            out += update(name, labels, step, value, None if stamp != stamp else stamp)
+        return out
 
     def _series_rank(self, name: str, labels: Mapping[str, Any]) -> int:
         """The series id in the store: replays order a step's points by it, so we do too."""
