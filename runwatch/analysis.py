@@ -22,6 +22,7 @@ from runwatch.detect.monitor import Monitor
 from runwatch.detect.replay import analyze_frame
 from runwatch.detect.roles import role_of
 from runwatch.expect.forecast import Forecast, forecast
+from runwatch.expect.reference import ReferenceCurve
 from runwatch.model import Anomaly
 from runwatch.store import Store
 
@@ -105,12 +106,18 @@ def forecast_run(
     *,
     upto: int | None = None,
     final_step: int | None = None,
+    target: float | None = None,
+    reference: str | None = None,
+    align: str = "step",
     save: bool = True,
 ) -> Forecast:
     """Fit the expected curve of ``metric`` on steps <= ``upto`` and forecast ``final_step``.
 
     ``final_step`` defaults to the run's planned steps (from its config), else its last
     step. The LR-aware law is used when the run logged ``lr`` (or ``learning_rate``).
+    ``reference``: the expected curve is that earlier run's ``metric`` instead (aligned by
+    ``align``, see :func:`reference_curve`). ``target``: also the step at which the
+    expected curve reaches that value (``Forecast.target_step``).
     """
     series = store.read_series(run, metric)
     if series.empty:
@@ -119,6 +126,7 @@ def forecast_run(
     if final_step is None:
         final_step = planned_final_step(store, run) or int(series["step"].max())
     lr = _learning_rate(store, run)
+    ref = None if reference is None else reference_curve(store, reference, metric, run, align)
     result = forecast(
         series["step"].to_numpy(),
         series["value"].to_numpy(),
@@ -127,6 +135,8 @@ def forecast_run(
         lr_values=None if lr is None else lr["value"].to_numpy(),
         upto=upto,
         final_step=final_step,
+        target=target,
+        reference=ref,
     )
     if save:
         first = max(int(series["step"].min()), 1)
@@ -140,6 +150,60 @@ def forecast_run(
     return result
 
 
+ALIGNMENTS = ("step", "tokens")
+
+
+def reference_curve(
+    store: Store, reference: str, metric: str, run: str, align: str = "step"
+) -> ReferenceCurve:
+    """``reference``'s ``metric`` as an expected curve for ``run``, in ``run``'s steps.
+
+    ``align="tokens"`` rescales the reference's steps by the two runs' tokens per step
+    (config ``tokens_per_step``/``batch_tokens``, else the median of tokens_per_s x
+    step_time_s), for a run with another batch size; "step" takes steps as they are.
+    The curve is shifted by the median offset over the steps ``run`` has (same shape,
+    maybe another level: ``ReferenceCurve``).
+    """
+    if align not in ALIGNMENTS:
+        raise ValueError(f"unknown alignment {align!r}; valid: {', '.join(ALIGNMENTS)}")
+    store.run_id(reference)  # a clear error for an unknown run
+    series = store.read_series(reference, metric)
+    if series.empty:
+        known = sorted(store.series(reference)["metric"].unique())
+        raise ValueError(
+            f"reference run {reference!r} has no metric {metric!r} "
+            f"(it has: {', '.join(known) or 'no metrics'})"
+        )
+    steps = series["step"].to_numpy(dtype=float)
+    if align == "tokens":
+        steps = steps * _tokens_per_step(store, reference) / _tokens_per_step(store, run)
+    return ReferenceCurve(steps, series["value"].to_numpy(dtype=float))
+
+
+def _tokens_per_step(store: Store, run: str) -> float:
+    from runwatch.dashboard.shaping import run_config, tokens_per_step
+
+    runs = store.runs()
+    row = runs[runs["name"] == run]
+    config = run_config(row.iloc[0]["config"] if not row.empty else None)
+    frames = {
+        name: store.read_series(run, name).drop_duplicates("step", keep="last")
+        for name in ("tokens_per_s", "step_time_s")
+    }
+    sample = None
+    if all(not f.empty for f in frames.values()):
+        sample = pd.DataFrame(
+            {name: f.set_index("step")["value"] for name, f in frames.items()}
+        ).dropna()
+    tps = tokens_per_step(config, sample)
+    if tps is None:
+        raise ValueError(
+            f"cannot align run {run!r} by tokens: its config has no tokens_per_step "
+            "(or batch_tokens) and it logs no tokens_per_s with step_time_s"
+        )
+    return tps
+
+
 def _learning_rate(store: Store, run: str) -> pd.DataFrame | None:
     for name in ("lr", "learning_rate"):
         frame = store.read_series(run, name)
@@ -148,8 +212,26 @@ def _learning_rate(store: Store, run: str) -> pd.DataFrame | None:
     return None
 
 
-def forecast_json(run: str, metric: str, result: Forecast) -> dict[str, Any]:
-    """The ``runwatch forecast --format json`` object (DESIGN.md): a public contract."""
+def forecast_json(
+    run: str,
+    metric: str,
+    result: Forecast,
+    *,
+    target: float | None = None,
+    reference: str | None = None,
+    align: str = "step",
+) -> dict[str, Any]:
+    """The ``runwatch forecast --format json`` object (DESIGN.md): a public contract.
+
+    The DESIGN keys always; ``target``/``target_step`` only with a target, and
+    ``reference``/``align`` only with a reference run (extensions, so a script written
+    for the original object sees exactly it).
+    """
+    extra: dict[str, Any] = {}
+    if target is not None:
+        extra |= {"target": target, "target_step": result.target_step}
+    if reference is not None:
+        extra |= {"reference": reference, "align": align}
     return {
         "run": run,
         "metric": metric,
@@ -160,4 +242,5 @@ def forecast_json(run: str, metric: str, result: Forecast) -> dict[str, Any]:
         "upper": result.upper,
         "model": result.model,
         "eta_seconds": result.eta_seconds,
+        **extra,
     }

@@ -135,8 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
         "forecast",
         help="fit the expected curve and forecast a metric",
         description="Fit the expected curve of METRIC on steps <= --upto (a robust power "
-        "law, or the LR-schedule-aware law when the run logged lr), predict its value at "
-        "--final-step with a 90%% band, and the wall-clock ETA from the observed step rate.",
+        "law, or the LR-schedule-aware law when the run logged lr, or with --reference an "
+        "earlier run's curve), predict its value at --final-step with a 90% band, the "
+        "wall-clock ETA from the recent step rate, and with --target the step at which "
+        "the curve reaches that value.",
     )
     _db_arg(fc)
     fc.add_argument("--run", required=True, metavar="NAME")
@@ -153,6 +155,25 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="step to forecast (default: the run's planned steps from its config "
         "-- total_steps, max_steps, ... -- else its last step)",
+    )
+    fc.add_argument(
+        "--target",
+        type=float,
+        metavar="VALUE",
+        help="also say at which step the expected curve reaches VALUE (json: target_step)",
+    )
+    fc.add_argument(
+        "--reference",
+        metavar="RUN",
+        help="reference mode: the expected curve is this earlier (known-good) run's curve "
+        "of the same metric, shifted to this run's level",
+    )
+    fc.add_argument(
+        "--align",
+        choices=("step", "tokens"),
+        default="step",
+        help="how --reference lines up with this run: by step, or by tokens (for another "
+        "batch size; from tokens_per_step in the config, else tokens_per_s x step_time_s)",
     )
     fc.add_argument("--format", choices=("table", "json"), default="table")
 

@@ -77,19 +77,43 @@ def cmd_forecast(args: argparse.Namespace, store: Any) -> int:
 
     store.run_id(args.run)
     metric = args.metric or default_loss_metric(store, args.run)
-    result = forecast_run(store, args.run, metric, upto=args.upto, final_step=args.final_step)
-    payload = forecast_json(args.run, metric, result)
+    if args.reference is not None and args.reference == args.run:
+        raise ValueError("--reference must name another run than --run")
+    result = forecast_run(
+        store,
+        args.run,
+        metric,
+        upto=args.upto,
+        final_step=args.final_step,
+        target=args.target,
+        reference=args.reference,
+        align=args.align,
+    )
+    payload = forecast_json(
+        args.run, metric, result, target=args.target, reference=args.reference, align=args.align
+    )
     if args.format == "json":
         print(json.dumps({k: plain(v) for k, v in payload.items()}))
         return EXIT_OK
     eta = result.eta_seconds
     eta_text = "unknown (no wall times)" if eta is None else duration(eta)
-    print(
-        f"{metric} of run {args.run!r}, fitted on steps <= {result.upto} ({result.model}):\n"
+    model = result.model
+    if args.reference is not None:
+        model = f"the curve of run {args.reference!r}, aligned by {args.align}"
+    lines = [
+        f"{metric} of run {args.run!r}, fitted on steps <= {result.upto} ({model}):",
         f"  at step {result.final_step}: {result.predicted:.4g} "
-        f"(90% band {result.lower:.4g} .. {result.upper:.4g})\n"
-        f"  ETA to step {result.final_step}: {eta_text}"
-    )
+        f"(90% band {result.lower:.4g} .. {result.upper:.4g})",
+        f"  ETA to step {result.final_step}: {eta_text}",
+    ]
+    if args.target is not None:
+        where = result.target_step
+        lines.append(
+            f"  reaches {args.target:g} at step {where}"
+            if where is not None
+            else f"  does not reach {args.target:g} on the expected curve (within 10x the steps)"
+        )
+    print("\n".join(lines))
     return EXIT_OK
 
 

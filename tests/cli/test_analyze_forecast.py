@@ -205,3 +205,69 @@ def test_forecast_without_metric_on_a_run_with_no_loss_names_what_it_has(db_path
     assert main(["forecast", "--db", str(db_path), "--run", "r"]) == 2
     err = capsys.readouterr().err
     assert "no loss metric" in err and "accuracy, grad_norm" in err
+
+
+def _log_law(db_path, name, n, *, offset=0.0, step_scale=1.0, config=None):
+    """The same power law in tokens: a run with ``step_scale`` times the batch is at
+    ``step * step_scale`` of the reference's steps."""
+    rng = np.random.default_rng(1)
+    with runwatch.init(name=name, store=db_path, monitor=False, config=config) as run:
+        for step in range(1, n + 1):
+            s = step * step_scale
+            run.log({"loss": 2.0 + offset + 8.0 * (s + 20.0) ** -0.4 + rng.normal(0, 0.005)}, step)
+
+
+def _forecast_json(capsys, *args) -> dict:
+    assert main(["forecast", *args, "--format", "json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_forecast_against_a_reference_run_by_step(db_path, capsys):
+    _log_law(db_path, "ref", 8000)
+    _log_law(db_path, "new", 2000, offset=0.05)
+    out = _forecast_json(capsys, "--db", str(db_path), "--run", "new", "--reference", "ref",
+                         "--final-step", "8000")  # fmt: skip
+    assert set(out) == FORECAST_KEYS | {"reference", "align"}
+    assert (out["model"], out["reference"], out["align"]) == ("reference", "ref", "step")
+    truth = 2.05 + 8.0 * 8020.0**-0.4
+    assert out["predicted"] == pytest.approx(truth, abs=0.01)
+    assert out["lower"] <= truth <= out["upper"]
+    with open_store(str(db_path)) as store:
+        meta, curve = store.expected_curve("new", "loss")
+    assert meta["model"] == "reference" and curve["step"].max() >= 8000
+
+
+def test_forecast_against_a_reference_run_by_tokens(db_path, capsys):
+    _log_law(db_path, "ref", 8000, config={"tokens_per_step": 2048})
+    _log_law(db_path, "big", 2000, step_scale=2.0, config={"tokens_per_step": 4096})
+    args = ["--db", str(db_path), "--run", "big", "--reference", "ref", "--final-step", "4000"]
+    by_tokens = _forecast_json(capsys, *args, "--align", "tokens")
+    truth = 2.0 + 8.0 * (8000 + 20.0) ** -0.4  # 4000 steps of twice the batch
+    assert by_tokens["predicted"] == pytest.approx(truth, abs=0.01)
+    by_step = _forecast_json(capsys, *args)
+    assert abs(by_step["predicted"] - truth) > abs(by_tokens["predicted"] - truth)
+
+
+def test_forecast_target_step(db_path, capsys):
+    _log_law(db_path, "r", 3000)
+    target = 2.0 + 8.0 * (4500 + 20.0) ** -0.4
+    out = _forecast_json(capsys, "--db", str(db_path), "--run", "r", "--target", str(target))
+    assert set(out) == FORECAST_KEYS | {"target", "target_step"}
+    assert out["target_step"] == pytest.approx(4500, rel=0.15)
+    assert main(["forecast", "--db", str(db_path), "--run", "r", "--target", "1.0"]) == 0
+    assert "does not reach 1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--reference", "nope"], "nope"),
+        (["--reference", "r"], "another run"),
+        (["--reference", "other", "--align", "tokens"], "cannot align run"),
+    ],
+)
+def test_forecast_reference_errors_exit_2_with_the_reason(db_path, capsys, extra, message):
+    _log_law(db_path, "r", 500)
+    _log_law(db_path, "other", 500)
+    assert main(["forecast", "--db", str(db_path), "--run", "r", *extra]) == 2
+    assert message in capsys.readouterr().err
