@@ -44,12 +44,35 @@ class Analysis:
 
 
 def analyze_run(
-    store: Store, run: str, config: Mapping[str, Any] | None = None, *, save: bool = True
+    store: Store,
+    run: str,
+    config: Mapping[str, Any] | None = None,
+    *,
+    save: bool = True,
+    reference: str | None = None,
+    align: str = "step",
 ) -> Analysis:
-    """Replay the default detectors over the run's stored points and events."""
+    """Replay the default detectors over the run's stored points and events.
+
+    ``reference``: reference mode, each loss metric that run has too is judged against
+    its curve there (aligned by ``align``, not shifted: a lasting difference from the
+    known-good run is what is reported), and the stored expected curve is that curve.
+    """
     points = store.read_points(run)
     events = store.events(run)
     monitor = Monitor(config)
+    if reference is not None:
+        if reference == run:
+            raise ValueError("the reference must be another run than the one analysed")
+        store.run_id(reference)  # a clear error for an unknown run
+        theirs = set(store.series(reference)["metric"])
+        monitor.references = {
+            m: reference_curve(store, reference, m, run, align)
+            for m in _loss_metrics(points, monitor.config)
+            if m in theirs
+        }
+        if not monitor.references:
+            raise ValueError(f"reference run {reference!r} has none of {run!r}'s loss metrics")
     anomalies = analyze_frame(points, events, monitor=monitor)
     # Cross-rank detectors (stragglers, hangs, hardware) see every attempt: the ranks that
     # were behind when a hang struck are in the attempt its restart superseded.
@@ -59,7 +82,8 @@ def analyze_run(
         store.save_anomalies(store.run_id(run), "replay", anomalies, replace=True)
         for metric in _loss_metrics(points, monitor.config):
             try:
-                forecast_run(store, run, metric)
+                ref = reference if metric in monitor.references else None
+                forecast_run(store, run, metric, reference=ref, align=align)
             except ValueError as exc:
                 log.info("no expected curve for %s/%s: %s", run, metric, exc)
     return Analysis(run, anomalies, monitor.health)

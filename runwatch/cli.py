@@ -130,6 +130,18 @@ def build_parser() -> argparse.ArgumentParser:
         help='metric roles, e.g. \'{"val_ppl": "loss"}\' (roles: loss, grad_norm, '
         "lr, throughput, step_time, other)",
     )
+    ana.add_argument(
+        "--reference",
+        metavar="RUN",
+        help="reference mode: judge each loss against this earlier (known-good) run's curve "
+        "of the same metric instead of a fitted one",
+    )
+    ana.add_argument(
+        "--align",
+        choices=("step", "tokens"),
+        default="step",
+        help="how --reference lines up with this run: by step, or by tokens",
+    )
 
     fc = sub.add_parser(
         "forecast",

@@ -46,7 +46,9 @@ def cmd_analyze(args: argparse.Namespace, store: Any) -> int:
 
     roles = parse_roles(args.roles)
     store.run_id(args.run)  # a clear error before any work
-    episodes = analyze_run(store, args.run, roles).anomalies
+    episodes = analyze_run(
+        store, args.run, roles, reference=args.reference, align=args.align
+    ).anomalies
     if args.format == "json":
         for anomaly in episodes:
             print(json.dumps({k: plain(v) for k, v in anomaly.to_json_dict(args.run).items()}))

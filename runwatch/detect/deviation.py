@@ -13,6 +13,7 @@ from runwatch.expect.binning import LogBins
 from runwatch.expect.lrclock import LRClock
 from runwatch.expect.lrlaw import AreaLaw, fit_area_law
 from runwatch.expect.powerlaw import PowerLaw, fit_power_law
+from runwatch.expect.reference import ReferenceCurve
 
 log = logging.getLogger("runwatch.detect")
 
@@ -44,6 +45,10 @@ class CurveDeviation(Detector):
     The curve is not extrapolated past twice the step of the last learned point: beyond
     that the detector stops judging and learns again (a bound on how long a wrong fit can
     keep alarming).
+
+    Reference mode (``use_reference``): the expected curve is an earlier, known-good run's
+    curve itself, not a fit, up to the last step it covers; the detector then says where
+    this run is worse or better than that run, and never adapts to a lasting difference.
 
     LR schedules: once the run's learning rate is known (``use_lr``: the Monitor hands each
     loss series the run's :class:`~runwatch.expect.LRClock`), the expected curve is the
@@ -123,7 +128,12 @@ class CurveDeviation(Detector):
         self.refit_growth = refit_growth
         self.adapt_after = adapt_after
         self._clock: LRClock | None = None
+        self._reference: _ReferenceLaw | None = None
         super().__init__()
+
+    def use_reference(self, curve: ReferenceCurve) -> None:
+        """Judge by ``curve`` (an earlier run's, in this run's steps) instead of a fit."""
+        self._reference = _ReferenceLaw(curve)
 
     def use_lr(self, clock: LRClock) -> None:
         """Judge by the LR-aware law once ``clock`` (the run's LR, fed by the Monitor) has
@@ -173,6 +183,8 @@ class CurveDeviation(Detector):
 
     def expected(self, step: int) -> float | None:
         """The expected value at ``step`` from the current fit (None without one)."""
+        if self._reference is not None:
+            return self._reference.curve.at(step)
         law = self._law
         if law is None:
             return None
@@ -253,15 +265,20 @@ class CurveDeviation(Detector):
         """``update`` of a finite point whose LR areas ``ar`` are known (None: no LR)."""
         self._n += 1
         ema = self._smooth(value)
-        if ar is not None and not self._by_area:
-            self._start_by_area()
-        if self._n >= self._next_fit:
-            self._refit(step)
-            self._next_fit = int(self._n * self.refit_growth) + 1
-        if self._law is not None and step > 2.0 * self._last_learned:
-            # Too far beyond what the fit has seen (a huge step gap): refit before judging.
-            self._law = None
-        law = self._law
+        if self._reference is not None:
+            ar = None
+            law = self._reference if step <= self._reference.curve.last_step else None
+            self._fit_step = max(self._reference.curve.last_step, 1.0)
+        else:
+            if ar is not None and not self._by_area:
+                self._start_by_area()
+            if self._n >= self._next_fit:
+                self._refit(step)
+                self._next_fit = int(self._n * self.refit_growth) + 1
+            if self._law is not None and step > 2.0 * self._last_learned:
+                # Too far beyond what the fit has seen (a huge step gap): refit first.
+                self._law = None
+            law = self._law
         if law is None:
             self._exp_ema = math.nan
             self._over = self._under = self._flagged = 0
@@ -295,7 +312,7 @@ class CurveDeviation(Detector):
                 return None
             self._flagged += 1
             sig = self._signal("warning", step, value, ema, exp_v, half, "above")
-            if self._flagged >= self.adapt_after:
+            if self._flagged >= self.adapt_after and self._reference is None:
                 self._start_afresh()
                 self._over = self._flagged = 0
             return sig
@@ -337,7 +354,7 @@ class CurveDeviation(Detector):
         """
         if self._clock is not None and areas is None:
             raise ValueError("a CurveDeviation with an LR clock needs the areas of a batch")
-        if not batch_ready(steps, values):
+        if not batch_ready(steps, values) or self._reference is not None:
             return self._loop(steps, values, areas, on_error)
         vals = np.asarray(values, dtype=float)
         fin = np.flatnonzero(np.isfinite(vals))
@@ -504,8 +521,20 @@ class CurveDeviation(Detector):
         )
 
 
-def _part(law: PowerLaw | AreaLaw, step: int, ar: tuple[float, float] | None) -> float:
+class _ReferenceLaw:
+    """A reference run's curve in the place of a fitted law (constant 0: all of it is
+    the part that varies)."""
+
+    E = 0.0
+
+    def __init__(self, curve: ReferenceCurve) -> None:
+        self.curve = curve
+
+
+def _part(law, step: int, ar: tuple[float, float] | None) -> float:
     """The law less its constant at one point (the batch path forms the same floats)."""
+    if isinstance(law, _ReferenceLaw):
+        return law.curve.at(step)
     if isinstance(law, AreaLaw):
         return law.part(*ar)
     return law.A * max(step + law.s0, 1e-9) ** -law.alpha

@@ -19,6 +19,7 @@ from runwatch.detect.deviation import CurveDeviation
 from runwatch.detect.roles import DEFAULT_DETECTORS, ROLES, role_of
 from runwatch.detect.spike import Spike
 from runwatch.expect.lrclock import LRClock
+from runwatch.expect.reference import ReferenceCurve
 from runwatch.model import LABEL_KEYS, SEVERITIES, Anomaly, Event
 
 log = logging.getLogger("runwatch.detect")
@@ -75,7 +76,8 @@ class Monitor:
     default detectors (``runwatch.detect.roles.DEFAULT_DETECTORS``). The first series of
     role ``lr`` is the run's learning rate: it feeds an :class:`~runwatch.expect.LRClock`
     that the expected-curve detector of every loss series judges by (``CurveDeviation``:
-    an LR schedule is expected, not flagged).
+    an LR schedule is expected, not flagged). ``references`` maps loss metrics to an
+    earlier run's curve (reference mode): their expected curve is that curve, not a fit.
 
     ``update`` returns the anomalies that opened, were updated or closed at that point;
     an episode stays one ``Anomaly`` object, updated in place while it is open, and closes
@@ -91,7 +93,13 @@ class Monitor:
     (True, False)
     """
 
-    def __init__(self, config: Mapping[str, Any] | None = None, *, max_anomalies: int = 10_000):
+    def __init__(
+        self,
+        config: Mapping[str, Any] | None = None,
+        *,
+        max_anomalies: int = 10_000,
+        references: Mapping[str, ReferenceCurve] | None = None,
+    ):
         config = dict(config or {})
         roles = dict(config.pop("roles", {}) or {})
         roles.update(config)
@@ -103,6 +111,7 @@ class Monitor:
                 )
         self.config = roles
         self.max_anomalies = max_anomalies
+        self.references = dict(references or {})
         self._series: dict[tuple[Any, ...], _Series] = {}
         self._anomalies: deque[Anomaly] = deque(maxlen=max_anomalies)
         self._n_points = 0
@@ -280,9 +289,12 @@ class Monitor:
         if role == "lr" and self._lr_series is None:
             self._lr_series = s
         elif role == "loss":
+            ref = self.references.get(metric)
             for d in s.detectors:
                 if isinstance(d, CurveDeviation):
                     d.use_lr(self.lr_clock)
+                    if ref is not None:
+                        d.use_reference(ref)
         log.debug("new series %s with role %s", s.key, role)
         return s
 

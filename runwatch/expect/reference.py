@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -31,6 +32,7 @@ class ReferenceCurve:
         if bs.size < MIN_POINTS // 2:
             raise TooLittleData(int(bs.size), MIN_POINTS // 2, "reference bins")
         self._steps, self._values = bs, bv
+        self._log_steps = np.log1p(bs)
         self.offset = offset
         res = np.asarray(values, float) - self.predict(np.asarray(steps, float))
         res = res[np.isfinite(res)]
@@ -45,6 +47,15 @@ class ReferenceCurve:
     def predict(self, steps: np.ndarray) -> np.ndarray:
         """The reference at ``steps`` (interpolated in log step, flat beyond its ends)."""
         return np.interp(np.log1p(np.maximum(steps, 0)), np.log1p(self._steps), self._values)
+
+    @property
+    def last_step(self) -> float:
+        """The last step the reference covers (it is held flat beyond)."""
+        return float(self._steps[-1])
+
+    def at(self, step: float) -> float:
+        """The reference at one step (what the expected-curve detector asks, point by point)."""
+        return float(np.interp(math.log1p(max(step, 0)), self._log_steps, self._values))
 
     def aligned(self, steps: np.ndarray, values: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
         shift = 0.0

@@ -271,3 +271,33 @@ def test_forecast_reference_errors_exit_2_with_the_reason(db_path, capsys, extra
     _log_law(db_path, "other", 500)
     assert main(["forecast", "--db", str(db_path), "--run", "r", *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_analyze_against_a_reference_run_reports_a_run_worse_throughout(db_path, capsys):
+    """A fit adapts to a run's own level; the reference mode says it is worse than the
+    known-good run all along."""
+    _log_law(db_path, "ref", 6000)
+    _log_law(db_path, "worse", 6000, offset=0.06)
+    args = ["analyze", "--db", str(db_path), "--run", "worse", "--format", "json"]
+
+    def deviations() -> list[dict]:
+        rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        return [r for r in rows if r["detector"] == "curve_deviation"]
+
+    assert main(args) == 0
+    assert deviations() == []
+    assert main([*args, "--reference", "ref"]) == 0
+    found = deviations()
+    assert found and found[0]["severity"] == "warning" and "worse" in found[0]["message"]
+    assert found[0]["expected"] == pytest.approx(found[0]["observed"] - 0.06, abs=0.03)
+    with open_store(str(db_path)) as store:
+        meta, _ = store.expected_curve("worse", "loss")
+    assert meta["model"] == "reference"
+
+
+def test_analyze_reference_errors_exit_2(db_path, capsys):
+    _log_law(db_path, "r", 500)
+    assert main(["analyze", "--db", str(db_path), "--run", "r", "--reference", "r"]) == 2
+    assert "another run" in capsys.readouterr().err
+    assert main(["analyze", "--db", str(db_path), "--run", "r", "--reference", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err

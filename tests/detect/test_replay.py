@@ -148,3 +148,18 @@ def test_batch_replay_equals_streaming_on_real_runs(run):
         analyze_frame(df, monitor=slow, fast=False)
     )
     assert fast.health == slow.health
+
+
+def test_reference_mode_replay_equals_streaming():
+    from runwatch.expect import ReferenceCurve
+
+    n = 5000
+    s = np.arange(1, n + 1)
+    ref = ReferenceCurve(s, 2.0 + 8.0 * (s + 20.0) ** -0.4)
+    loss = loss_curve(n, seed=2)
+    loss[2500:] *= 1.05  # worse than the known-good run from step 2501
+    pts = pd.DataFrame({"metric": "loss", "step": s, "value": loss})
+    fast = analyze_frame(pts, monitor=Monitor(references={"loss": ref}))
+    slow = analyze_frame(pts, monitor=Monitor(references={"loss": ref}), fast=False)
+    assert canon(fast) == canon(slow)
+    assert any(a.detector == "curve_deviation" for a in fast)
