@@ -27,6 +27,23 @@ _PARAM_KEYS = ("params", "n_params", "num_params", "parameters", "model_params")
 _TOKEN_KEYS = ("tokens", "total_tokens", "train_tokens")
 
 
+_MODEL_TEXT = {
+    "power_law": "a robust power law in the step, fitted on the run so far",
+    "lr_law": "the LR-schedule-aware law (summed LR and annealing, Tissue et al. 2024), "
+    "fitted on the run so far",
+    "reference": "an earlier, known-good run's curve (reference mode)",
+}
+
+
+def model_text(model: str) -> str:
+    """What the expected curve's model is, in words, for a tooltip.
+
+    >>> model_text("reference")
+    "an earlier, known-good run's curve (reference mode)"
+    """
+    return _MODEL_TEXT.get(model, f"model {model}")
+
+
 def ema(values: np.ndarray | pd.Series, weight: float) -> np.ndarray:
     """TensorBoard's debiased EMA: ``weight`` 0 is raw, 0.99 very smooth.
 
