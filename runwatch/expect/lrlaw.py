@@ -17,7 +17,7 @@ import numpy as np
 from scipy.optimize import least_squares
 from scipy.signal import lfilter
 
-from runwatch.expect.powerlaw import MIN_POINTS, TooLittleData
+from runwatch.expect.powerlaw import MIN_POINTS, TooLittleData, finite_points
 
 DECAY = 0.999
 """λ, the momentum of the annealing term (the paper's default)."""
@@ -158,13 +158,7 @@ def fit_lr_law(
     weights: np.ndarray | None = None,
 ) -> LRLaw:
     """Fit the law on (binned) points; the areas are computed up to ``horizon`` steps."""
-    x = np.asarray(steps, dtype=float)
-    y = np.asarray(values, dtype=float)
-    ok = np.isfinite(x) & np.isfinite(y)
-    w = np.ones_like(y) if weights is None else np.asarray(weights, dtype=float)
-    x, y, w = x[ok], y[ok], w[ok]
-    if x.size < MIN_POINTS:
-        raise TooLittleData(int(x.size), MIN_POINTS)
+    x, y, w = finite_points(steps, values, weights)
     horizon = int(max(horizon, x.max()))
     s1, s2 = lr_areas(lr_steps, lr_values, horizon)
     idx = np.clip(x.round().astype(int), 0, horizon)

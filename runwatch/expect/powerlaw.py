@@ -47,6 +47,19 @@ def _robust_sigma(y: np.ndarray) -> float:
     return float(1.0484 * np.median(np.abs(np.diff(y))))
 
 
+def finite_points(steps, values, weights=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The points (and weights, 1 when not given) whose step and value are finite, as
+    floats; ``TooLittleData`` below ``MIN_POINTS`` of them (what every fit needs)."""
+    x = np.asarray(steps, dtype=float)
+    y = np.asarray(values, dtype=float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    w = np.ones_like(y) if weights is None else np.asarray(weights, dtype=float)
+    x, y, w = x[ok], y[ok], w[ok]
+    if x.size < MIN_POINTS:
+        raise TooLittleData(int(x.size), MIN_POINTS)
+    return x, y, w
+
+
 def fit_power_law(
     steps: np.ndarray,
     values: np.ndarray,
@@ -64,13 +77,7 @@ def fit_power_law(
     four parameters and a few dozen binned points: a hand-written solver takes a few
     milliseconds where ``scipy.optimize.least_squares`` took ~15, mostly per-call overhead.
     """
-    x = np.asarray(steps, dtype=float)
-    y = np.asarray(values, dtype=float)
-    ok = np.isfinite(x) & np.isfinite(y)
-    w = np.ones_like(y) if weights is None else np.asarray(weights, dtype=float)
-    x, y, w = x[ok], y[ok], w[ok]
-    if x.size < MIN_POINTS:
-        raise TooLittleData(int(x.size), MIN_POINTS)
+    x, y, w = finite_points(steps, values, weights)
     xmax = float(max(x.max(), 1.0))
     xs = np.maximum(x, 0.0) / xmax
     ymin, ymax = float(y.min()), float(y.max())

@@ -27,12 +27,13 @@ def real_run_names() -> list[str]:
     return sorted(p.stem for p in REAL_RUNS.glob("*.csv"))
 
 
-def bench_module():
-    """bench/detection.py, for its table of real events in the clean curves."""
-    name = "runwatch_bench_detection"
+def bench_module(script: str = "detection"):
+    """A bench script as a module: bench/detection.py for its table of real events in the
+    clean curves, bench/lr_schedules.py for its synthetic schedule runs."""
+    name = f"runwatch_bench_{script}"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench/detection.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / f"bench/{script}.py")
     mod = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     sys.modules[name] = mod  # dataclasses look their module up here

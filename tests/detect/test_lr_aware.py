@@ -11,33 +11,19 @@ import pytest
 
 from runwatch.detect import Monitor, analyze_frame
 from runwatch.detect.deviation import CurveDeviation
-from runwatch.expect import AreaLaw, lr_areas
+from runwatch.expect import AreaLaw
 from runwatch.model import Event
 
-from .conftest import canon
+from .conftest import bench_module, canon
 
 N = 20_000
 
 
 def tissue_run(schedule: str, seed: int = 0, noise: float = 0.01, n: int = N) -> pd.DataFrame:
     """Loss following L = 2 + 8·(S1 + 50)^-0.3 - 0.4·S2/1000 (Tissue et al.'s form) under
-    a 500-step warmup and a constant, cosine (to 10%) or warmup-stable-decay schedule."""
-    rng = np.random.default_rng(seed)
-    s = np.arange(n)
-    peak = 3e-4
-    lr = np.where(s < 500, peak * (s + 1) / 500, peak)
-    if schedule == "cosine":
-        t = np.clip((s - 500) / (n - 500), 0, 1)
-        lr = np.where(s < 500, lr, peak * (0.1 + 0.45 * (1 + np.cos(np.pi * t))))
-    elif schedule == "wsd":
-        d0 = int(n * 0.8)
-        lr = np.where(s < d0, lr, peak * np.maximum(1 - (s - d0) / (n - d0), 0.0))
-    s1, s2 = lr_areas(s, lr, n - 1)
-    loss = (2.0 + 8.0 * (s1 + 50) ** -0.3 - 0.4 * s2 / 1000) * (1 + noise * rng.standard_normal(n))
-    frame = pd.DataFrame(
-        {"metric": ["loss", "lr"] * n, "step": np.repeat(s, 2), "value": np.c_[loss, lr].ravel()}
-    )
-    return frame
+    a 500-step warmup and a constant, cosine (to 10%) or warmup-stable-decay schedule:
+    ``bench/lr_schedules.py``'s runs, so the tests and the benchmark judge the same data."""
+    return bench_module("lr_schedules").run(schedule, n, seed, noise)
 
 
 def flagged(anomalies, detectors=("curve_deviation", "stall")) -> list[tuple]:
