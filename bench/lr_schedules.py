@@ -1,12 +1,14 @@
-"""Does an LR schedule look like an anomaly? Synthetic runs under warmup + constant,
-cosine and warmup-stable-decay schedules, replayed with and without their LR logged.
+"""Does an LR schedule look like an anomaly? Synthetic runs under common schedules,
+replayed with and without their LR logged.
 
     python bench/lr_schedules.py [--seeds 6] [--steps 20000]
 
 The loss follows the law of Tissue et al. 2024 (L = 2 + 8·(S1 + 50)^-0.3 - 0.4·S2/1000
 over the LR areas, with multiplicative noise of 0.3%, 1% and 2%), so the schedule alone
-moves it. The real runs of ``bench/detection.py`` cannot answer this: only one of them
-logs its LR. Prints, per schedule and with/without the LR series:
+moves it. Schedules after a 500-step warmup: constant, cosine to 10% and to 0,
+warmup-stable-decay (last 20% linear to 0), step decay (x0.1 at 50% and 75%). The real
+runs of ``bench/detection.py`` cannot answer this: only one of them logs its LR.
+Prints, per schedule and with/without the LR series:
 
 - clean runs: loss episodes (warning or worse, and info) per 100,000 steps;
 - faults injected at 30% and 60% of the run (a plateau at the level it had there, a +3%
@@ -29,21 +31,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from runwatch.detect import analyze_frame
 from runwatch.expect import lr_areas
 
-SCHEDULES = ("constant", "cosine", "wsd")
+SCHEDULES = ("constant", "cosine", "cosine0", "wsd", "step")
 NOISES = (0.003, 0.01, 0.02)
 
 
 def run(schedule: str, n: int, seed: int, noise: float) -> pd.DataFrame:
+    """One synthetic run: loss and lr at every step, in replay order."""
     rng = np.random.default_rng(seed)
     s = np.arange(n)
     peak = 3e-4
     lr = np.where(s < 500, peak * (s + 1) / 500, peak)
-    if schedule == "cosine":
-        t = np.clip((s - 500) / (n - 500), 0, 1)
+    t = np.clip((s - 500) / (n - 500), 0, 1)
+    if schedule == "cosine":  # to 10% of the peak
         lr = np.where(s < 500, lr, peak * (0.1 + 0.45 * (1 + np.cos(np.pi * t))))
+    elif schedule == "cosine0":  # to zero
+        lr = np.where(s < 500, lr, peak * 0.5 * (1 + np.cos(np.pi * t)))
     elif schedule == "wsd":
         d0 = int(n * 0.8)
         lr = np.where(s < d0, lr, peak * np.maximum(1 - (s - d0) / (n - d0), 0.0))
+    elif schedule == "step":  # x0.1 at half and at three quarters of the run
+        lr = lr * np.where(s >= n // 2, 0.1, 1.0) * np.where(s >= 3 * n // 4, 0.1, 1.0)
     s1, s2 = lr_areas(s, lr, n - 1)
     loss = 2.0 + 8.0 * (s1 + 50) ** -0.3 - 0.4 * s2 / 1000
     loss = loss * (1 + noise * rng.standard_normal(n))

@@ -27,6 +27,7 @@ import pandas as pd
 
 from runwatch.detect.deviation import CurveDeviation
 from runwatch.detect.monitor import Monitor, _norm_label
+from runwatch.detect.stall import Stall
 from runwatch.expect.lrclock import LRClock, State, areas_at
 from runwatch.model import LABEL_KEYS, Anomaly
 
@@ -162,7 +163,7 @@ def _run_series(
         det = series.detectors[i]
         on_error = lambda k, det=det: mon._failed(series, det, steps_l[k])  # noqa: E731
         try:
-            if isinstance(det, CurveDeviation) and det.lr_clock is not None:
+            if isinstance(det, CurveDeviation | Stall) and det.lr_clock is not None:
                 areas = areas_at(*lr_fed, rows, st)
                 sigs = det.update_many(steps_l, values_l, on_error, areas=areas)
             else:

@@ -55,7 +55,10 @@ class CurveDeviation(Detector):
     LR-aware law of Tissue et al. 2024, L = E + A·S1^-α - C·S2 over the summed LR S1 and
     the annealing area S2 at each point, so warmup, cosine and warmup-stable-decay
     schedules are expected rather than flagged. When the LR first arrives the detector
-    starts afresh (bins and fit) on that law.
+    starts afresh (bins and fit) on that law. An anneal beyond the largest S2 the fit has
+    seen (a decay that starts after thousands of constant-LR steps, where C cannot be
+    known yet) widens the band by ``unseen_anneal`` of its predicted drop, and "better
+    than expected" is not reported meanwhile.
 
     Misses: a plateau late in a run, where the expected curve is itself nearly flat (it is
     found only once the expected curve has fallen ``rel_margin`` below it); anything in
@@ -98,6 +101,7 @@ class CurveDeviation(Detector):
         stall_frac: float = 0.25,
         stall_min: float = 0.004,
         adapt_after: int = 5000,
+        unseen_anneal: float = 0.25,
     ) -> None:
         check_number("span", span, low=1, integer=True)
         check_number("band_sigmas", band_sigmas, low=0.0)
@@ -113,6 +117,8 @@ class CurveDeviation(Detector):
         check_number("stall_frac", stall_frac, low=0.0, high=1.0)
         check_number("stall_min", stall_min, low=0.0)
         check_number("adapt_after", adapt_after, low=1, integer=True)
+        check_number("unseen_anneal", unseen_anneal, low=0.0)
+        self.unseen_anneal = unseen_anneal
         self.stall_window = stall_window
         self.stall_frac = stall_frac
         self.stall_min = stall_min
@@ -303,7 +309,7 @@ class CurveDeviation(Detector):
             # An anneal beyond any the fit has seen: its predicted drop is not trusted,
             # and a loss falling faster than expected meanwhile is no news.
             new_anneal = ar[1] > self._s2_seen
-            half += law.C * max(ar[1] - self._s2_seen, 0.0)
+            half += self.unseen_anneal * law.C * max(ar[1] - self._s2_seen, 0.0)
             fall = law.forward(ar[0])
         if ema > exp_v + half:
             self._over += 1

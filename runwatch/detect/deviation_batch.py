@@ -103,7 +103,7 @@ class Batch:
         fall = now
         seen = np.ones(n, dtype=bool)
         if isinstance(law, AreaLaw):
-            half += law.C * np.maximum(self.s2[a:b] - d._s2_seen, 0.0)
+            half += d.unseen_anneal * law.C * np.maximum(self.s2[a:b] - d._s2_seen, 0.0)
             seen = self.s2[a:b] <= d._s2_seen
             fall = np.array(list(map(law.forward, self.s1l[a:b])))
         stop = ema > exp_v + half

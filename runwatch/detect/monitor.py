@@ -18,6 +18,7 @@ from runwatch.detect.base import Detector, Signal
 from runwatch.detect.deviation import CurveDeviation
 from runwatch.detect.roles import DEFAULT_DETECTORS, ROLES, role_of
 from runwatch.detect.spike import Spike
+from runwatch.detect.stall import Stall
 from runwatch.expect.lrclock import LRClock
 from runwatch.expect.reference import ReferenceCurve
 from runwatch.model import LABEL_KEYS, SEVERITIES, Anomaly, Event
@@ -75,9 +76,10 @@ class Monitor:
     ``step_time*``, ...); a nested ``{"roles": {...}}`` is accepted too. Each role gets its
     default detectors (``runwatch.detect.roles.DEFAULT_DETECTORS``). The first series of
     role ``lr`` is the run's learning rate: it feeds an :class:`~runwatch.expect.LRClock`
-    that the expected-curve detector of every loss series judges by (``CurveDeviation``:
-    an LR schedule is expected, not flagged). ``references`` maps loss metrics to an
-    earlier run's curve (reference mode): their expected curve is that curve, not a fit.
+    that the expected-curve and stall detectors of every loss series judge by
+    (``CurveDeviation``, ``Stall``: an LR schedule is expected, not flagged).
+    ``references`` maps loss metrics to an earlier run's curve (reference mode): their
+    expected curve is that curve, not a fit.
 
     ``update`` returns the anomalies that opened, were updated or closed at that point;
     an episode stays one ``Anomaly`` object, updated in place while it is open, and closes
@@ -291,10 +293,10 @@ class Monitor:
         elif role == "loss":
             ref = self.references.get(metric)
             for d in s.detectors:
-                if isinstance(d, CurveDeviation):
+                if isinstance(d, CurveDeviation | Stall):
                     d.use_lr(self.lr_clock)
-                    if ref is not None:
-                        d.use_reference(ref)
+                if isinstance(d, CurveDeviation) and ref is not None:
+                    d.use_reference(ref)
         log.debug("new series %s with role %s", s.key, role)
         return s
 

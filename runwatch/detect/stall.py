@@ -12,10 +12,12 @@ from runwatch.detect.base import (
     Detector,
     Signal,
     batch_ready,
+    check_lengths,
     check_number,
     guarded,
     robust_scale,
 )
+from runwatch.expect.lrclock import LRClock
 
 _LN2 = math.log(2.0)
 
@@ -53,9 +55,16 @@ class Stall(Detector):
     Misses: a plateau while the loss was already nearly flat (the expected fall is then
     within the noise; on a warmup-stable-decay schedule that is the whole stable phase,
     until the decay that the plateau skips shows it); a slowdown to more than
-    ``stall_frac`` of the expected pace; the first ``long_min_points`` points; an LR
-    schedule that flattens the loss on purpose (LR annealed to zero at the very end of a
-    run looks like a stall of the last points).
+    ``stall_frac`` of the expected pace; the first ``long_min_points`` points. Without a
+    logged LR, a schedule that flattens the loss on purpose (a step decay, an LR annealed
+    to zero at the very end) looks like a stall.
+
+    LR schedules: once the run's learning rate is known (``use_lr``: the Monitor hands
+    each loss series the run's :class:`~runwatch.expect.LRClock`), progress is measured
+    against ln(S1), the summed LR, in place of ln(step): a step decay to 1% of the LR, or
+    an LR annealed to zero, slows the loss on purpose and is then expected. When the LR
+    first arrives the detector starts afresh. (An LR stuck at zero is then no stall either:
+    ``LRSanity`` on the LR series reports it.)
 
     Baseline protection: while a stall is flagged, its points are not binned, so the
     reference slope stays the one from before the stall. The cost: after ``adapt_after``
@@ -117,6 +126,9 @@ class Stall(Detector):
         self.min_points = min_points
         self.per_octave = per_octave
         self.adapt_after = adapt_after
+        self._clock: LRClock | None = None
+        self._by_lr = False  # steps measured in summed LR (S1), not in steps
+        self._unit: float | None = None  # S1 of the first point measured so: "step 1"
         self.long_test = long_test
         self.long_z_resid = long_z_resid
         self.long_min_points = long_min_points
@@ -145,6 +157,26 @@ class Stall(Detector):
         self._flagged = 0
         self._stalls = 0
 
+    def use_lr(self, clock: LRClock) -> None:
+        """Measure progress in summed LR once ``clock`` (the run's LR) has it."""
+        self._clock = clock
+
+    @property
+    def lr_clock(self) -> LRClock | None:
+        """The LR clock progress is measured by (None: by the step)."""
+        return self._clock
+
+    def _coord(self, step: int, s1: float | None) -> float:
+        """ln of where the point is: its step, or its summed LR in units of the first."""
+        if not self._by_lr:
+            return math.log(step) if step > 1 else 0.0
+        if self._unit is None:
+            if not s1 > 0:
+                return 0.0
+            self._unit = s1
+        c = s1 / self._unit
+        return math.log(c) if c > 1 else 0.0
+
     @property
     def stalls(self) -> int:
         """How many stalls were declared."""
@@ -153,6 +185,14 @@ class Stall(Detector):
     def update(self, step: int, value: float) -> Signal | None:
         if not math.isfinite(value):
             return None
+        ar = self._clock.areas(step) if self._clock is not None else None
+        return self._update(step, value, None if ar is None else ar[0])
+
+    def _update(self, step: int, value: float, s1: float | None) -> Signal | None:
+        """``update`` of a finite point whose summed LR ``s1`` is known (None: no LR)."""
+        if s1 is not None and not self._by_lr:
+            self._reset()
+            self._by_lr = True
         if self._log and value <= 0:
             # A loss that can be <= 0 (an RL loss) is judged in linear space from now on.
             self._reset()
@@ -169,7 +209,7 @@ class Stall(Detector):
         lim = 3.0 * self._sigma
         xc = min(max(x, med - lim), med + lim)
         self._cx += xc - self._x0
-        ls = math.log(step) if step > 1 else 0.0
+        ls = self._coord(step, s1)
         self._cl += ls
         self._cum.append((self._cx, self._cl))
         nb = self._noise_buf
@@ -194,39 +234,76 @@ class Stall(Detector):
         steps: Sequence[int],
         values: Sequence[float],
         on_error: Callable[[int], None] | None = None,
+        areas: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> list[tuple[int, Signal]]:
         """``update`` point by point, with what depends on the values alone in numpy.
 
         See ``runwatch.detect.stall_batch``: the same figures as ``update`` forms, so the
-        same signals and state. The point where log space ends goes through ``update``.
-        Needs int steps in order and float values (what batch replay gives); otherwise
-        the plain loop.
+        same signals and state. The point where log space ends and the first point with
+        an LR go through ``update``. Needs int steps in order and float values (what
+        batch replay gives); otherwise the plain loop. ``areas``: each point's LR areas
+        as the clock gave them live (see ``CurveDeviation.update_many``); required when
+        the detector has a clock.
         """
+        if self._clock is not None and areas is None:
+            raise ValueError("a Stall with an LR clock needs the areas of a batch")
+        s1 = None if areas is None else np.asarray(areas[0], dtype=float)
         if not batch_ready(steps, values):
-            return super().update_many(steps, values, on_error)
+            return self._loop(steps, values, s1, on_error)
         from runwatch.detect import stall_batch  # only batch replay needs it
 
         vals = np.asarray(values, dtype=float)
         fin = np.isfinite(vals)
         out: list[tuple[int, Signal]] = []
+        split = []
         if self._log:
-            bad = np.flatnonzero(fin & (vals <= 0))
-            if bad.size:
-                # Log space ends at the first value <= 0: before it, in log; it, through
-                # update (which resets); after it, in linear space.
-                i = int(bad[0])
-                out += self.update_many(steps[:i], values[:i], on_error)
-                sig = guarded(self.update, steps[i], values[i], i, on_error)
-                if sig is not None:
-                    out.append((i, sig))
-                rest = self.update_many(
-                    steps[i + 1 :], values[i + 1 :], on_error and (lambda k: on_error(i + 1 + k))
-                )
-                return out + [(i + 1 + k, s) for k, s in rest]
+            split.append(np.flatnonzero(fin & (vals <= 0)))  # log space ends there
+        if s1 is not None and not self._by_lr:
+            split.append(np.flatnonzero(fin & ~np.isnan(s1)))  # the LR arrives there
+        firsts = [int(f[0]) for f in split if f.size]
+        if firsts:
+            # Before that point as things are; it, through update (which resets); the rest
+            # in the new space.
+            i = min(firsts)
+            head = None if areas is None else (areas[0][:i], areas[1][:i])
+            out += self.update_many(steps[:i], values[:i], on_error, head)
+            s1_i = None if s1 is None or s1[i] != s1[i] else float(s1[i])
+            sig = guarded(lambda s, v: self._update(s, v, s1_i), steps[i], values[i], i, on_error)
+            if sig is not None:
+                out.append((i, sig))
+            tail = None if areas is None else (areas[0][i + 1 :], areas[1][i + 1 :])
+            rest = self.update_many(
+                steps[i + 1 :],
+                values[i + 1 :],
+                on_error and (lambda k: on_error(i + 1 + k)),
+                tail,
+            )
+            return out + [(i + 1 + k, s) for k, s in rest]
         idx = np.flatnonzero(fin).tolist()
         if not idx:
             return out
-        return stall_batch.run(self, [steps[i] for i in idx], [values[i] for i in idx], idx)
+        s1_l = None if s1 is None else s1[idx].tolist()
+        return stall_batch.run(self, [steps[i] for i in idx], [values[i] for i in idx], idx, s1_l)
+
+    def _loop(self, steps, values, s1: np.ndarray | None, on_error) -> list[tuple[int, Signal]]:
+        """``update`` point by point, with the given summed LR instead of the clock's."""
+        if s1 is None:
+            return Detector.update_many(self, steps, values, on_error)
+        check_lengths(steps, values)
+        out: list[tuple[int, Signal]] = []
+        for k, (s, v) in enumerate(zip(steps, values, strict=True)):
+            try:
+                if not math.isfinite(v):
+                    continue
+                sig = self._update(s, v, None if s1[k] != s1[k] else float(s1[k]))
+            except Exception:
+                if on_error is None:
+                    raise
+                on_error(k)
+                continue
+            if sig is not None:
+                out.append((k, sig))
+        return out
 
     def _learn(self, ls: float, x: float) -> None:
         _add(self._bins, int(self.per_octave * ls / _LN2), ls, x)

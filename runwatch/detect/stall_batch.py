@@ -22,9 +22,12 @@ from runwatch.detect.base import Signal, robust_scales, running_medians
 from runwatch.detect.stall import _LN2, Stall, _scatter
 
 
-def run(d: Stall, steps: list[int], values: list[float], idx: list[int]) -> list:
-    """Feed finite points (all judged in the same space) to ``d``; return ``(index,
-    signal)`` for the flagged, ``index`` taken from ``idx``."""
+def run(
+    d: Stall, steps: list[int], values: list[float], idx: list[int], s1: list[float] | None
+) -> list:
+    """Feed finite points (all judged in the same space, all measured by step or all by
+    summed LR ``s1``) to ``d``; return ``(index, signal)`` for the flagged, ``index``
+    taken from ``idx``."""
     m = len(values)
     n0 = d._n
     xl = list(map(math.log, values)) if d._log else list(values)
@@ -55,10 +58,13 @@ def run(d: Stall, steps: list[int], values: list[float], idx: list[int]) -> list
     med = np.array(running_medians(list(d._last5), xl, 5))
     lim = 3.0 * sig_before
     xc = np.minimum(np.maximum(x, med - lim), med + lim)
-    st = np.array(steps, dtype=np.int64)
-    ls = np.zeros(m)
-    big = st > 1
-    ls[big] = list(map(math.log, st[big].tolist()))
+    if d._by_lr:
+        ls = np.array(list(map(d._coord, steps, s1)))  # sets the unit as update does
+    else:
+        st = np.array(steps, dtype=np.int64)
+        ls = np.zeros(m)
+        big = st > 1
+        ls[big] = list(map(math.log, st[big].tolist()))
     cx = np.cumsum(np.concatenate(([d._cx], xc - x0)))[1:]
     cl = np.cumsum(np.concatenate(([d._cl], ls)))[1:]
     po = d.per_octave

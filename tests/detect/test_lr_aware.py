@@ -30,7 +30,7 @@ def flagged(anomalies, detectors=("curve_deviation", "stall")) -> list[tuple]:
     return [(a.detector, a.start_step, a.severity) for a in anomalies if a.detector in detectors]
 
 
-@pytest.mark.parametrize("schedule", ["cosine", "wsd", "constant"])
+@pytest.mark.parametrize("schedule", ["cosine", "cosine0", "wsd", "step", "constant"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_an_lr_schedule_is_expected_not_flagged(schedule, seed):
     assert flagged(analyze_frame(tissue_run(schedule, seed))) == []
@@ -41,6 +41,13 @@ def test_without_the_lr_a_cosine_decay_looks_like_a_deviation():
     df = tissue_run("cosine", noise=0.003)
     found = flagged(analyze_frame(df[df.metric == "loss"]), ("curve_deviation",))
     assert found, "the plain power law should misread the cosine decay"
+
+
+def test_without_the_lr_a_step_decay_looks_like_a_stall():
+    """The loss all but stops after the LR drops to 1%: expected, if the LR is known."""
+    df = tissue_run("step", noise=0.003)
+    assert flagged(analyze_frame(df[df.metric == "loss"]), ("stall",))
+    assert flagged(analyze_frame(df), ("stall",)) == []
 
 
 def test_the_expected_curve_uses_the_lr_aware_law_once_the_lr_is_logged():
