@@ -286,11 +286,14 @@ class Regression(Detector):
             sev = "warning"
         else:
             sev = "info"
+        # The recent median the change is measured on (not this one point's value).
         if self.higher_is_better:
             what, how = "throughput", f"{change / (1.0 + change):.1%} lower"
+            recent = expected / (1.0 + change)
         else:
             what, how = "step time", f"{change:.1%} slower"
-        msg = f"{what} regression: {value:.4g} vs baseline {expected:.4g} ({how})"
+            recent = expected * (1.0 + change)
+        msg = f"{what} regression: recent median {recent:.4g} vs baseline {expected:.4g} ({how})"
         return Signal(
             sev,
             self._cusum,
