@@ -41,9 +41,18 @@ def parse_roles(text: str | None) -> dict[str, str] | None:
     return roles
 
 
+def check_reference(args: argparse.Namespace) -> None:
+    """``--align`` only means something with ``--reference``, of another run."""
+    if args.reference is None and args.align != "step":
+        raise ValueError("--align needs --reference RUN (the run to line up with)")
+    if args.reference is not None and args.reference == args.run:
+        raise ValueError("--reference must name another run than --run")
+
+
 def cmd_analyze(args: argparse.Namespace, store: Any) -> int:
     from runwatch.analysis import analyze_run
 
+    check_reference(args)
     roles = parse_roles(args.roles)
     store.run_id(args.run)  # a clear error before any work
     episodes = analyze_run(
@@ -79,8 +88,7 @@ def cmd_forecast(args: argparse.Namespace, store: Any) -> int:
 
     store.run_id(args.run)
     metric = args.metric or default_loss_metric(store, args.run)
-    if args.reference is not None and args.reference == args.run:
-        raise ValueError("--reference must name another run than --run")
+    check_reference(args)
     result = forecast_run(
         store,
         args.run,

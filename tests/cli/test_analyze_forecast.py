@@ -264,6 +264,7 @@ def test_forecast_target_step(db_path, capsys):
         (["--reference", "nope"], "nope"),
         (["--reference", "r"], "another run"),
         (["--reference", "other", "--align", "tokens"], "cannot align run"),
+        (["--align", "tokens"], "--align needs --reference"),
     ],
 )
 def test_forecast_reference_errors_exit_2_with_the_reason(db_path, capsys, extra, message):
@@ -299,5 +300,7 @@ def test_analyze_reference_errors_exit_2(db_path, capsys):
     _log_law(db_path, "r", 500)
     assert main(["analyze", "--db", str(db_path), "--run", "r", "--reference", "r"]) == 2
     assert "another run" in capsys.readouterr().err
+    assert main(["analyze", "--db", str(db_path), "--run", "r", "--align", "tokens"]) == 2
+    assert "--align needs --reference" in capsys.readouterr().err
     assert main(["analyze", "--db", str(db_path), "--run", "r", "--reference", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
