@@ -163,7 +163,7 @@ def _run_series(
         det = series.detectors[i]
         on_error = lambda k, det=det: mon._failed(series, det, steps_l[k])  # noqa: E731
         try:
-            if isinstance(det, CurveDeviation | Stall) and det.lr_clock is not None:
+            if isinstance(det, CurveDeviation | Stall) and det.lr_clock and lr_fed[0]:
                 areas = areas_at(*lr_fed, rows, st)
                 sigs = det.update_many(steps_l, values_l, on_error, areas=areas)
             else:

@@ -290,7 +290,10 @@ class CurveDeviation(Detector):
             self._over = self._under = self._flagged = 0
             self._learn(step, value, ar)
             return None
-        part = _part(law, step, ar)
+        if law.__class__ is PowerLaw:  # _part, inlined: the common case, per point
+            part = law.A * max(step + law.s0, 1e-9) ** -law.alpha
+        else:
+            part = _part(law, step, ar)
         exp_raw = float(part + law.E)
         if math.isnan(self._exp_ema):
             self._exp_ema = exp_raw
@@ -355,11 +358,11 @@ class CurveDeviation(Detector):
         order and float values (what batch replay gives); otherwise the plain loop.
 
         ``areas``: each point's S1 and S2 as the LR clock gave them live (NaN: no LR yet;
-        ``runwatch.expect.lrclock.areas_at``); required when the detector has a clock,
-        which in a replay has already been fed the whole LR series.
+        ``runwatch.expect.lrclock.areas_at``); required once the detector's clock has the
+        LR (in a replay it has already been fed the whole LR series).
         """
-        if self._clock is not None and areas is None:
-            raise ValueError("a CurveDeviation with an LR clock needs the areas of a batch")
+        if self._clock and areas is None:
+            raise ValueError("a CurveDeviation whose LR clock has the LR needs the areas")
         if not batch_ready(steps, values) or self._reference is not None:
             return self._loop(steps, values, areas, on_error)
         vals = np.asarray(values, dtype=float)

@@ -37,11 +37,14 @@ class Batch:
         self.st = st
         self.x = x
         self.steps = steps
-        n = x.size
-        self.s1, self.s2 = areas if areas is not None else (np.full(n, np.nan),) * 2
-        self.s1l, self.s2l = self.s1.tolist(), self.s2.tolist()
-        known = np.flatnonzero(~np.isnan(self.s1))
-        self.first_area = int(known[0]) if known.size else None
+        self.s1l: list[float] | None = None
+        self.s2l: list[float] | None = None
+        self.first_area: int | None = None
+        if areas is not None:
+            self.s1, self.s2 = areas
+            self.s1l, self.s2l = self.s1.tolist(), self.s2.tolist()
+            known = np.flatnonzero(~np.isnan(self.s1))
+            self.first_area = int(known[0]) if known.size else None
         self.n0 = d._n
         self.recent0 = list(d._recent)
         xl = x.tolist()
@@ -52,6 +55,8 @@ class Batch:
 
     def areas(self, j: int) -> tuple[float, float] | None:
         """Point ``j``'s areas as ``update`` takes them (None before the LR)."""
+        if self.s1l is None:
+            return None
         s1 = self.s1l[j]
         return None if s1 != s1 else (s1, self.s2l[j])
 
@@ -155,7 +160,9 @@ class Batch:
         lo, hi = a + c - keep, a + c
         new = list(
             zip(
-                self.steps[lo:hi], self.ema_l[lo:hi], self.s1l[lo:hi], strict=True,
+                self.steps[lo:hi], self.ema_l[lo:hi],
+                self.s1l[lo:hi] if self.s1l is not None else [math.nan] * (hi - lo),
+                strict=True,
             )
         )  # fmt: skip
         d._hist = (hist + new)[-w:] if h0 + keep > w else hist + new

@@ -209,7 +209,8 @@ class Stall(Detector):
         lim = 3.0 * self._sigma
         xc = min(max(x, med - lim), med + lim)
         self._cx += xc - self._x0
-        ls = self._coord(step, s1)
+        # _coord, inlined for the common case (by step): this runs for every point.
+        ls = self._coord(step, s1) if self._by_lr else (math.log(step) if step > 1 else 0.0)
         self._cl += ls
         self._cum.append((self._cx, self._cl))
         nb = self._noise_buf
@@ -242,11 +243,11 @@ class Stall(Detector):
         same signals and state. The point where log space ends and the first point with
         an LR go through ``update``. Needs int steps in order and float values (what
         batch replay gives); otherwise the plain loop. ``areas``: each point's LR areas
-        as the clock gave them live (see ``CurveDeviation.update_many``); required when
-        the detector has a clock.
+        as the clock gave them live (see ``CurveDeviation.update_many``); required once
+        the detector's clock has the LR.
         """
-        if self._clock is not None and areas is None:
-            raise ValueError("a Stall with an LR clock needs the areas of a batch")
+        if self._clock and areas is None:
+            raise ValueError("a Stall whose LR clock has the LR needs the areas of a batch")
         s1 = None if areas is None else np.asarray(areas[0], dtype=float)
         if not batch_ready(steps, values):
             return self._loop(steps, values, s1, on_error)
