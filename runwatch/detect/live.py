@@ -31,6 +31,7 @@ import numpy as np
 from runwatch.detect.batch import feed_batch
 from runwatch.detect.fleet import FleetMonitor
 from runwatch.detect.monitor import Monitor
+from runwatch.expect.reference import ReferenceCurve
 from runwatch.hook.backend import SeriesBatch
 from runwatch.model import LABEL_KEYS, Anomaly, Event
 from runwatch.store import Store
@@ -53,10 +54,11 @@ class LiveDetection:
         *,
         max_backlog_points: int = 2_000_000,
         on_change: Callable[[list[tuple[int, Anomaly]]], None] | None = None,
+        references: Mapping[str, ReferenceCurve] | None = None,
     ) -> None:
         self._store_path = store_path
         self._run_id = run_id
-        self.monitor = Monitor(config)
+        self.monitor = Monitor(config, references=references)
         # Cross-rank detectors, with the Monitor's metric roles; wall-clock time, as the
         # points carry Unix times.
         self.fleet = FleetMonitor(self.monitor.config, clock=time.time)

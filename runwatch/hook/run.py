@@ -25,6 +25,7 @@ from typing import Any
 
 from runwatch.alerting.setup import configure as configure_alerting
 from runwatch.detect.live import LiveDetection
+from runwatch.expect.reference import ReferenceCurve
 from runwatch.hook.backend import Backend, StoreBackend
 from runwatch.hook.drops import DROP_REASONS, DropCounter
 from runwatch.hook.ranks import keeps_metric, rank_info, rank_labels
@@ -70,6 +71,7 @@ class Run:
         system_metrics: bool = False,
         system_metrics_interval: float = 10.0,
         keep_metric: Callable[[str], bool] | None = None,
+        reference: str | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"run name must be a non-empty str, got {name!r}")
@@ -95,6 +97,14 @@ class Run:
         self._pid = os.getpid()
         self._alert_timeout = alert_timeout
         self._alerting = None
+        roles = monitor if isinstance(monitor, Mapping) else None
+        # Reference mode is asked for by name: a wrong name fails here, before anything
+        # is written.
+        references = (
+            self._references(reference, roles)
+            if reference and monitor and backend is None
+            else None
+        )
         try:
             self._backend = backend if backend is not None else StoreBackend(self.store_path)
             self.run_id, attempt = self._backend.start_run(name, project, self.config, resume)
@@ -121,8 +131,9 @@ class Run:
             self._detection = LiveDetection(
                 self.store_path,
                 self.run_id,
-                monitor if isinstance(monitor, Mapping) else None,
+                roles,
                 on_change=self._alerting.on_change if self._alerting else None,
+                references=references,
             )
         self._writer = Writer(
             log_queue=self._queue,
@@ -149,6 +160,27 @@ class Run:
             self._sampler = start_system_metrics(self, system_metrics_interval)
 
     # -- the hot path ------------------------------------------------------------------------
+    def _references(
+        self, reference: str, roles: Mapping[str, str] | None
+    ) -> dict[str, ReferenceCurve]:
+        """The loss curves of the earlier run ``reference`` (aligned by step), for live
+        detection in reference mode; an unknown or lossless reference fails init."""
+        from runwatch.analysis import reference_curve
+        from runwatch.detect.roles import role_of
+        from runwatch.store import open_store
+
+        if reference == self.name:
+            raise ValueError("reference= must name another run than this one")
+        with open_store(self.store_path) as store:
+            store.run_id(reference)
+            losses = [
+                m for m in store.series(reference)["metric"].unique()
+                if role_of(m, roles) == "loss"
+            ]  # fmt: skip
+            if not losses:
+                raise ValueError(f"reference run {reference!r} has no loss metric")
+            return {m: reference_curve(store, reference, m, self.name) for m in losses}
+
     def log(self, data: Mapping[str, Any], step: int | None = None) -> None:
         """Record metrics at ``step`` (default: the last step + 1), like ``wandb.log``.
 
@@ -351,6 +383,10 @@ def init(
     ``$RUNWATCH_ALERTS``) uses a rules file (see ``runwatch.alerting``); ``alert_timeout``
     (default 10 s) bounds how long ``finish()`` waits for pending alerts;
     ``prometheus_port=P`` serves ``/metrics`` on 127.0.0.1:P (0 picks a free port).
+
+    ``reference="RUN"``: live detection in reference mode, each loss judged against that
+    earlier (known-good) run's curve in the same store, aligned by step, instead of a fit
+    (``runwatch analyze --reference`` does the same on replay).
     """
     global _current
     if name is None:
