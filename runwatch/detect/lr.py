@@ -15,10 +15,13 @@ class LRSanity(Detector):
     is judged against the peak LR seen so far. Upward jumps of more than ``jump_tol`` of
     the peak are warnings; an LR that falls to (near) zero from above ``zero_from`` of the
     peak is a warning ("goes to zero early"); a large downward step that stays above zero
-    is info, because step-decay schedules do exactly that.
+    is info, because step-decay schedules do exactly that. An LR that has never been above
+    zero after ``zero_run`` points is a warning too (a run that cannot learn).
 
-    Catches: an LR that jumps (a schedule restarted by a resume bug, a wrong scale) or
-    vanishes mid-run (LR stuck at 0).
+    Catches: an LR that jumps (a schedule restarted by a resume bug, a wrong scale),
+    vanishes mid-run (LR stuck at 0) or was never set (0 from the start). The loss
+    detectors, which judge the loss by the LR once it is logged, expect no progress from
+    an LR of zero: this detector is where such a plateau shows.
     Misses: a schedule that is wrong but smooth (a too-slow decay); downward steps (info);
     anything in the first ``min_points`` points; a smooth decay to zero is legitimate.
 
@@ -46,6 +49,7 @@ class LRSanity(Detector):
         slope_points: int = 8,
         min_points: int = 16,
         adapt_after: int = 50,
+        zero_run: int = 500,
     ) -> None:
         check_number("jump_tol", jump_tol, low=0.0)
         check_number("zero_frac", zero_frac, low=0.0, high=1.0)
@@ -53,6 +57,8 @@ class LRSanity(Detector):
         check_number("slope_points", slope_points, low=2, integer=True)
         check_number("min_points", min_points, low=slope_points, integer=True)
         check_number("adapt_after", adapt_after, low=1, integer=True)
+        check_number("zero_run", zero_run, low=1, integer=True)
+        self.zero_run = zero_run
         self.jump_tol = jump_tol
         self.zero_frac = zero_frac
         self.zero_from = zero_from
@@ -92,6 +98,22 @@ class LRSanity(Detector):
     def update(self, step: int, value: float) -> Signal | None:
         if not math.isfinite(value):
             return None
+        if self._peak <= 0 and value <= 0:
+            # Never above zero yet: a warmup from 0 leaves this at once, a missing LR not.
+            self._learn(step, value)
+            if self._n < self.zero_run:
+                return None
+            return Signal(
+                "warning",
+                float(self._n),
+                value,
+                None,
+                None,
+                None,
+                f"lr has been {value:.3g} for all of the first {self._n} points: "
+                "the model is not learning",
+                {"points": self._n},
+            )
         vals, steps = self._vals, self._steps
         if self._n < self.min_points or len(vals) < 2:
             self._learn(step, value)

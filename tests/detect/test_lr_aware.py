@@ -133,3 +133,18 @@ def test_a_restart_rewinds_the_lr_clock_with_the_run():
         straight.update(r.metric, {}, r.step, r.value)
     assert m.lr_clock.last == straight.lr_clock.last
     assert m.health["out_of_order_points"] == 0
+
+
+def test_an_lr_of_zero_from_the_start_is_a_warning_and_a_warmup_from_zero_is_not():
+    n = 3000
+    s = np.arange(n)
+    loss = 4.0 + 0.01 * np.random.default_rng(0).standard_normal(n)
+    for lr, want in ((np.zeros(n), True), (np.minimum(s / 500, 1.0) * 3e-4, False)):
+        values = np.c_[loss, lr].ravel()
+        metric = ["loss", "lr"] * n
+        frame = pd.DataFrame({"metric": metric, "step": np.repeat(s, 2), "value": values})
+        found = [a for a in analyze_frame(frame) if a.detector == "lr_sanity"]
+        assert bool(found) == want
+        if want:
+            assert found[0].start_step == 499 and found[0].severity == "warning"
+            assert "not learning" in found[0].message and found[0].end_step == n - 1
