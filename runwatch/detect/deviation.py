@@ -40,8 +40,9 @@ class CurveDeviation(Detector):
     predicted fall is clear of the noise and above ``stall_min`` of the level; otherwise
     the loss has stalled (warning). The slope test does not depend on the fit's level.
 
-    Catches: silent plateaus (LR stuck at 0, a frozen layer, data stuck on a few shards),
-    as a stall or a deviation above the band, and level shifts (a harder data mix).
+    Catches: silent plateaus (a frozen layer, data stuck on a few shards, an LR stuck at 0
+    that is not logged), as a stall or a deviation above the band, and level shifts (a
+    harder data mix).
     The curve is not extrapolated past twice the step of the last learned point: beyond
     that the detector stops judging and learns again (a bound on how long a wrong fit can
     keep alarming).

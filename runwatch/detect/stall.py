@@ -50,8 +50,9 @@ class Stall(Detector):
     down far more than a window of ``window_frac`` of the points, so a plateau on a noisy,
     slowly falling curve is found - later, but found.
 
-    Catches: silent plateaus (LR stuck at 0, a frozen layer, data stuck on a few shards),
-    from a few hundred points after they start, whatever the level of a fitted curve.
+    Catches: silent plateaus (a frozen layer, data stuck on a few shards, an LR stuck at 0
+    that is not logged), from a few hundred points after they start, whatever the level
+    of a fitted curve.
     Misses: a plateau while the loss was already nearly flat (the expected fall is then
     within the noise; on a warmup-stable-decay schedule that is the whole stable phase,
     until the decay that the plateau skips shows it); a slowdown to more than
