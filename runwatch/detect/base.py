@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from runwatch.expect.lrclock import LRClock
 from runwatch.model import SEVERITIES
 
 log = logging.getLogger("runwatch.detect")
@@ -170,6 +171,65 @@ def batch_ready(steps: Sequence[int], values: Sequence[float]) -> bool:
         return False
     st = np.asarray(steps)
     return not bool(np.any(st[1:] < st[:-1]))
+
+
+class LRAware:
+    """A detector that judges the loss by the run's LR once it is logged.
+
+    The Monitor hands each loss series' detectors of this kind the run's
+    :class:`~runwatch.expect.LRClock` (``use_lr``); ``update`` asks it for the point's LR
+    areas. Batch replay, whose clock has already been fed the whole LR series, passes
+    each point's areas as they were live (``update_many(..., areas=)``) instead.
+    """
+
+    _clock: LRClock | None = None
+
+    def use_lr(self, clock: LRClock) -> None:
+        """Judge by ``clock`` (the run's LR, fed by the Monitor) once it has the LR."""
+        self._clock = clock
+
+    @property
+    def lr_clock(self) -> LRClock | None:
+        """The LR clock this detector judges by (None: by the step alone)."""
+        return self._clock
+
+    def _areas_now(self, step: int) -> tuple[float, float] | None:
+        """S1 and S2 at ``step`` from the clock (None: no clock, or no LR yet)."""
+        return self._clock.areas(step) if self._clock is not None else None
+
+    def _need_areas(self, areas: object) -> None:
+        if self._clock and areas is None:
+            raise ValueError(
+                f"a {type(self).__name__} whose LR clock has the LR needs the areas of a batch"
+            )
+
+
+def update_points(
+    update: Callable[[int, float, Any], Signal | None],
+    steps: Sequence[int],
+    values: Sequence[float],
+    extra: Sequence[Any],
+    on_error: Callable[[int], None] | None,
+) -> list[tuple[int, Signal]]:
+    """``update(step, value, extra[k])`` over the finite points, in order: the plain
+    ``update_many`` loop of a detector whose update takes one more argument per point
+    (the LR areas as they were live). A raising point goes to ``on_error`` and counts as
+    unflagged, as in ``Detector.update_many``."""
+    check_lengths(steps, values)
+    out: list[tuple[int, Signal]] = []
+    for k, (s, v) in enumerate(zip(steps, values, strict=True)):
+        try:
+            if not math.isfinite(v):
+                continue
+            sig = update(s, v, extra[k])
+        except Exception:
+            if on_error is None:
+                raise
+            on_error(k)
+            continue
+        if sig is not None:
+            out.append((k, sig))
+    return out
 
 
 def guarded(

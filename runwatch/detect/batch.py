@@ -25,9 +25,8 @@ from collections import deque
 import numpy as np
 import pandas as pd
 
-from runwatch.detect.deviation import CurveDeviation
+from runwatch.detect.base import LRAware
 from runwatch.detect.monitor import Monitor, _norm_label
-from runwatch.detect.stall import Stall
 from runwatch.expect.lrclock import LRClock, State, areas_at
 from runwatch.model import LABEL_KEYS, Anomaly
 
@@ -163,7 +162,7 @@ def _run_series(
         det = series.detectors[i]
         on_error = lambda k, det=det: mon._failed(series, det, steps_l[k])  # noqa: E731
         try:
-            if isinstance(det, CurveDeviation | Stall) and det.lr_clock and lr_fed[0]:
+            if isinstance(det, LRAware) and det.lr_clock and lr_fed[0]:
                 areas = areas_at(*lr_fed, rows, st)
                 sigs = det.update_many(steps_l, values_l, on_error, areas=areas)
             else:

@@ -8,9 +8,15 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from runwatch.detect.base import Detector, Signal, batch_ready, check_lengths, check_number
+from runwatch.detect.base import (
+    Detector,
+    LRAware,
+    Signal,
+    batch_ready,
+    check_number,
+    update_points,
+)
 from runwatch.expect.binning import LogBins
-from runwatch.expect.lrclock import LRClock
 from runwatch.expect.lrlaw import AreaLaw, fit_area_law
 from runwatch.expect.powerlaw import PowerLaw, fit_power_law
 from runwatch.expect.reference import ReferenceCurve
@@ -18,7 +24,7 @@ from runwatch.expect.reference import ReferenceCurve
 log = logging.getLogger("runwatch.detect")
 
 
-class CurveDeviation(Detector):
+class CurveDeviation(LRAware, Detector):
     """The smoothed loss stays outside the band of its expected curve for long enough.
 
     The expected curve is a robust power law in the step (``runwatch.expect``), refitted
@@ -134,23 +140,12 @@ class CurveDeviation(Detector):
         self.fit_from = fit_from
         self.refit_growth = refit_growth
         self.adapt_after = adapt_after
-        self._clock: LRClock | None = None
         self._reference: _ReferenceLaw | None = None
         super().__init__()
 
     def use_reference(self, curve: ReferenceCurve) -> None:
         """Judge by ``curve`` (an earlier run's, in this run's steps) instead of a fit."""
         self._reference = _ReferenceLaw(curve)
-
-    def use_lr(self, clock: LRClock) -> None:
-        """Judge by the LR-aware law once ``clock`` (the run's LR, fed by the Monitor) has
-        the learning rate; until then, and without a clock, by the power law in the step."""
-        self._clock = clock
-
-    @property
-    def lr_clock(self) -> LRClock | None:
-        """The LR clock this detector judges by (None: the power law in the step)."""
-        return self._clock
 
     def _reset(self) -> None:
         self._alpha = 2.0 / (self.span + 1.0)
@@ -196,7 +191,7 @@ class CurveDeviation(Detector):
         if law is None:
             return None
         if isinstance(law, AreaLaw):
-            ar = self._clock.areas(step) if self._clock is not None else None
+            ar = self._areas_now(step)
             return None if ar is None else law.part(*ar) + law.E
         return float(law.predict(np.array([float(step)]))[0])
 
@@ -265,8 +260,7 @@ class CurveDeviation(Detector):
     def update(self, step: int, value: float) -> Signal | None:
         if not math.isfinite(value):
             return None
-        clock = self._clock
-        return self._update(step, value, clock.areas(step) if clock is not None else None)
+        return self._update(step, value, self._areas_now(step))
 
     def _update(self, step: int, value: float, ar: tuple[float, float] | None) -> Signal | None:
         """``update`` of a finite point whose LR areas ``ar`` are known (None: no LR)."""
@@ -362,8 +356,7 @@ class CurveDeviation(Detector):
         ``runwatch.expect.lrclock.areas_at``); required once the detector's clock has the
         LR (in a replay it has already been fed the whole LR series).
         """
-        if self._clock and areas is None:
-            raise ValueError("a CurveDeviation whose LR clock has the LR needs the areas")
+        self._need_areas(areas)
         if not batch_ready(steps, values) or self._reference is not None:
             return self._loop(steps, values, areas, on_error)
         vals = np.asarray(values, dtype=float)
@@ -421,23 +414,9 @@ class CurveDeviation(Detector):
         """``update`` point by point, with the given areas instead of the clock's."""
         if areas is None:
             return Detector.update_many(self, steps, values, on_error)
-        check_lengths(steps, values)
-        out: list[tuple[int, Signal]] = []
         s1l, s2l = areas[0].tolist(), areas[1].tolist()
-        for k, (s, v) in enumerate(zip(steps, values, strict=True)):
-            try:
-                if not math.isfinite(v):
-                    continue
-                ar = None if s1l[k] != s1l[k] else (s1l[k], s2l[k])
-                sig = self._update(s, v, ar)
-            except Exception:
-                if on_error is None:
-                    raise
-                on_error(k)
-                continue
-            if sig is not None:
-                out.append((k, sig))
-        return out
+        per_point = [None if a != a else (a, b) for a, b in zip(s1l, s2l, strict=True)]
+        return update_points(self._update, steps, values, per_point, on_error)
 
     def _start_by_area(self) -> None:
         """The LR has arrived: from here the bins keep each point's areas too."""

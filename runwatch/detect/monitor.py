@@ -14,11 +14,10 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from runwatch.detect.base import Detector, Signal
+from runwatch.detect.base import Detector, LRAware, Signal
 from runwatch.detect.deviation import CurveDeviation
 from runwatch.detect.roles import DEFAULT_DETECTORS, ROLES, role_of
 from runwatch.detect.spike import Spike
-from runwatch.detect.stall import Stall
 from runwatch.expect.lrclock import LRClock
 from runwatch.expect.reference import ReferenceCurve
 from runwatch.model import LABEL_KEYS, SEVERITIES, Anomaly, Event
@@ -293,7 +292,7 @@ class Monitor:
         elif role == "loss":
             ref = self.references.get(metric)
             for d in s.detectors:
-                if isinstance(d, CurveDeviation | Stall):
+                if isinstance(d, LRAware):
                     d.use_lr(self.lr_clock)
                 if isinstance(d, CurveDeviation) and ref is not None:
                     d.use_reference(ref)

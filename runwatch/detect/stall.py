@@ -10,19 +10,19 @@ import numpy as np
 
 from runwatch.detect.base import (
     Detector,
+    LRAware,
     Signal,
     batch_ready,
-    check_lengths,
     check_number,
     guarded,
     robust_scale,
+    update_points,
 )
-from runwatch.expect.lrclock import LRClock
 
 _LN2 = math.log(2.0)
 
 
-class Stall(Detector):
+class Stall(LRAware, Detector):
     """The (log) loss stops falling where its own earlier progress says it should fall.
 
     In log-step space a power law is close to a straight line over an octave or two, and
@@ -127,7 +127,6 @@ class Stall(Detector):
         self.min_points = min_points
         self.per_octave = per_octave
         self.adapt_after = adapt_after
-        self._clock: LRClock | None = None
         self._by_lr = False  # steps measured in summed LR (S1), not in steps
         self._unit: float | None = None  # S1 of the first point measured so: "step 1"
         self.long_test = long_test
@@ -158,15 +157,6 @@ class Stall(Detector):
         self._flagged = 0
         self._stalls = 0
 
-    def use_lr(self, clock: LRClock) -> None:
-        """Measure progress in summed LR once ``clock`` (the run's LR) has it."""
-        self._clock = clock
-
-    @property
-    def lr_clock(self) -> LRClock | None:
-        """The LR clock progress is measured by (None: by the step)."""
-        return self._clock
-
     def _coord(self, step: int, s1: float | None) -> float:
         """ln of where the point is: its step, or its summed LR in units of the first."""
         if not self._by_lr:
@@ -186,7 +176,7 @@ class Stall(Detector):
     def update(self, step: int, value: float) -> Signal | None:
         if not math.isfinite(value):
             return None
-        ar = self._clock.areas(step) if self._clock is not None else None
+        ar = self._areas_now(step)
         return self._update(step, value, None if ar is None else ar[0])
 
     def _update(self, step: int, value: float, s1: float | None) -> Signal | None:
@@ -247,8 +237,7 @@ class Stall(Detector):
         as the clock gave them live (see ``CurveDeviation.update_many``); required once
         the detector's clock has the LR.
         """
-        if self._clock and areas is None:
-            raise ValueError("a Stall whose LR clock has the LR needs the areas of a batch")
+        self._need_areas(areas)
         s1 = None if areas is None else np.asarray(areas[0], dtype=float)
         if not batch_ready(steps, values):
             return self._loop(steps, values, s1, on_error)
@@ -291,21 +280,8 @@ class Stall(Detector):
         """``update`` point by point, with the given summed LR instead of the clock's."""
         if s1 is None:
             return Detector.update_many(self, steps, values, on_error)
-        check_lengths(steps, values)
-        out: list[tuple[int, Signal]] = []
-        for k, (s, v) in enumerate(zip(steps, values, strict=True)):
-            try:
-                if not math.isfinite(v):
-                    continue
-                sig = self._update(s, v, None if s1[k] != s1[k] else float(s1[k]))
-            except Exception:
-                if on_error is None:
-                    raise
-                on_error(k)
-                continue
-            if sig is not None:
-                out.append((k, sig))
-        return out
+        per_point = [None if a != a else a for a in s1.tolist()]
+        return update_points(self._update, steps, values, per_point, on_error)
 
     def _learn(self, ls: float, x: float) -> None:
         _add(self._bins, int(self.per_octave * ls / _LN2), ls, x)
