@@ -62,17 +62,9 @@ def analyze_run(
     events = store.events(run)
     monitor = Monitor(config)
     if reference is not None:
-        if reference == run:
-            raise ValueError("the reference must be another run than the one analysed")
-        store.run_id(reference)  # a clear error for an unknown run
-        theirs = set(store.series(reference)["metric"])
-        monitor.references = {
-            m: reference_curve(store, reference, m, run, align)
-            for m in _loss_metrics(points, monitor.config)
-            if m in theirs
-        }
-        if not monitor.references:
-            raise ValueError(f"reference run {reference!r} has none of {run!r}'s loss metrics")
+        monitor.references = reference_curves(
+            store, reference, run, monitor.config, _loss_metrics(points, monitor.config), align
+        )
     anomalies = analyze_frame(points, events, monitor=monitor)
     # Cross-rank detectors (stragglers, hangs, hardware) see every attempt: the ranks that
     # were behind when a hang struck are in the attempt its restart superseded.
@@ -190,6 +182,8 @@ def reference_curve(
     """
     if align not in ALIGNMENTS:
         raise ValueError(f"unknown alignment {align!r}; valid: {', '.join(ALIGNMENTS)}")
+    if reference == run:
+        raise ValueError(f"the reference must be another run than {run!r}")
     store.run_id(reference)  # a clear error for an unknown run
     series = store.read_series(reference, metric)
     if series.empty:
@@ -202,6 +196,28 @@ def reference_curve(
     if align == "tokens":
         steps = steps * _tokens_per_step(store, reference) / _tokens_per_step(store, run)
     return ReferenceCurve(steps, series["value"].to_numpy(dtype=float))
+
+
+def reference_curves(
+    store: Store,
+    reference: str,
+    run: str,
+    roles: Mapping[str, str] | None = None,
+    metrics: list[str] | None = None,
+    align: str = "step",
+) -> dict[str, ReferenceCurve]:
+    """Reference mode for a whole run: ``reference``'s curve of each of its loss metrics
+    (by ``roles``), or of those of ``metrics`` it has; an error if there is none. What
+    ``Monitor(references=...)`` takes, for ``analyze --reference`` and for
+    ``runwatch.init(reference=...)``."""
+    if reference == run:
+        raise ValueError(f"the reference must be another run than {run!r}")
+    store.run_id(reference)  # a clear error for an unknown run
+    theirs = [m for m in store.series(reference)["metric"].unique() if role_of(m, roles) == "loss"]
+    wanted = theirs if metrics is None else [m for m in metrics if m in theirs]
+    if not wanted:
+        raise ValueError(f"reference run {reference!r} has no loss metric of run {run!r}")
+    return {m: reference_curve(store, reference, m, run, align) for m in wanted}
 
 
 def _tokens_per_step(store: Store, run: str) -> float:

@@ -42,11 +42,9 @@ def parse_roles(text: str | None) -> dict[str, str] | None:
 
 
 def check_reference(args: argparse.Namespace) -> None:
-    """``--align`` only means something with ``--reference``, of another run."""
+    """``--align`` only means something with ``--reference``."""
     if args.reference is None and args.align != "step":
         raise ValueError("--align needs --reference RUN (the run to line up with)")
-    if args.reference is not None and args.reference == args.run:
-        raise ValueError("--reference must name another run than --run")
 
 
 def cmd_analyze(args: argparse.Namespace, store: Any) -> int:

@@ -46,6 +46,18 @@ def current_run() -> Run | None:
     return _current
 
 
+def _reference_curves(
+    store_path: str, reference: str, run: str, roles: Mapping[str, str] | None
+) -> dict[str, ReferenceCurve]:
+    """The loss curves of the earlier run ``reference`` for live detection in reference
+    mode (``runwatch.analysis.reference_curves``, by step)."""
+    from runwatch.analysis import reference_curves
+    from runwatch.store import open_store
+
+    with open_store(store_path) as store:
+        return reference_curves(store, reference, run, roles)
+
+
 class Run:
     """A training run being logged; create it with :func:`runwatch.init`."""
 
@@ -101,7 +113,7 @@ class Run:
         # Reference mode is asked for by name: a wrong name fails here, before anything
         # is written.
         references = (
-            self._references(reference, roles)
+            _reference_curves(self.store_path, reference, name, roles)
             if reference and monitor and backend is None
             else None
         )
@@ -160,27 +172,6 @@ class Run:
             self._sampler = start_system_metrics(self, system_metrics_interval)
 
     # -- the hot path ------------------------------------------------------------------------
-    def _references(
-        self, reference: str, roles: Mapping[str, str] | None
-    ) -> dict[str, ReferenceCurve]:
-        """The loss curves of the earlier run ``reference`` (aligned by step), for live
-        detection in reference mode; an unknown or lossless reference fails init."""
-        from runwatch.analysis import reference_curve
-        from runwatch.detect.roles import role_of
-        from runwatch.store import open_store
-
-        if reference == self.name:
-            raise ValueError("reference= must name another run than this one")
-        with open_store(self.store_path) as store:
-            store.run_id(reference)
-            losses = [
-                m for m in store.series(reference)["metric"].unique()
-                if role_of(m, roles) == "loss"
-            ]  # fmt: skip
-            if not losses:
-                raise ValueError(f"reference run {reference!r} has no loss metric")
-            return {m: reference_curve(store, reference, m, self.name) for m in losses}
-
     def log(self, data: Mapping[str, Any], step: int | None = None) -> None:
         """Record metrics at ``step`` (default: the last step + 1), like ``wandb.log``.
 
