@@ -158,12 +158,14 @@ def _run_series(
     steps_l = st.tolist()
     values_l = v.tolist()
     _nonfinite(mon, series, rows_l, steps_l, values_l, np.flatnonzero(~np.isfinite(v)))
+    # The points' LR areas, once for every detector of the series that judges by the LR.
+    by_lr = [isinstance(d, LRAware) and bool(d.lr_clock) for d in series.detectors]
+    areas = areas_at(*lr_fed, rows, st) if lr_fed[0] and any(by_lr) else None
     for i in range(1, len(series.detectors)):
         det = series.detectors[i]
         on_error = lambda k, det=det: mon._failed(series, det, steps_l[k])  # noqa: E731
         try:
-            if isinstance(det, LRAware) and det.lr_clock and lr_fed[0]:
-                areas = areas_at(*lr_fed, rows, st)
+            if areas is not None and by_lr[i]:
                 sigs = det.update_many(steps_l, values_l, on_error, areas=areas)
             else:
                 sigs = det.update_many(steps_l, values_l, on_error)

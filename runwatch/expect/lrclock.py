@@ -35,6 +35,12 @@ def _decay_sums() -> tuple[float, ...]:
     return tuple(lam * (1.0 - lam**k) / (1.0 - lam) for k in range(MAX_GAP + 1))
 
 
+@cache
+def _decay_sums_array() -> np.ndarray:
+    """``_decay_sums`` as an array, for ``areas_at`` (made once, not per call)."""
+    return np.asarray(_decay_sums())
+
+
 def _g(k: int) -> float:
     return _decay_sums()[min(k, MAX_GAP)]
 
@@ -136,7 +142,7 @@ def areas_at(
     last = np.array([st[0] for st in states], dtype=np.int64)
     i = idx[ok]
     k = np.maximum(steps[ok].astype(np.int64) - last[i], 0)
-    g = np.asarray(_decay_sums())[np.minimum(k, MAX_GAP)]
+    g = _decay_sums_array()[np.minimum(k, MAX_GAP)]
     s1[ok] = arr[i, 1] + arr[i, 0] * k
     s2[ok] = arr[i, 2] + arr[i, 3] * g
     return s1, s2
