@@ -174,16 +174,19 @@ class Batch:
         """The law less its constant at points a..b-1, as ``update`` forms each."""
         if isinstance(law, AreaLaw):
             return np.array(list(map(law.part, self.s1l[a:b], self.s2l[a:b])))
-        # A·max(step + s0, 1e-9)^-α with Python's pow, as update computes it.
-        return law.A * _pow(np.maximum(stf + law.s0, 1e-9), -law.alpha)
+        return _power_parts(law, stf)
+
+
+def _power_parts(law, steps: np.ndarray) -> np.ndarray:
+    """A·max(step + s0, 1e-9)^-α with Python's pow, as ``update`` computes it."""
+    return law.A * _pow(np.maximum(steps + law.s0, 1e-9), -law.alpha)
 
 
 def _hist_falls(law, hist: list[tuple[int, float, float]]) -> np.ndarray:
     """What the slope test takes of the law at ``hist`` entries (see ``_stall_check``)."""
     if isinstance(law, AreaLaw):
         return np.array([law.forward(h[2]) for h in hist])
-    st = np.array([h[0] for h in hist], dtype=float)
-    return law.A * _pow(np.maximum(st + law.s0, 1e-9), -law.alpha)
+    return _power_parts(law, np.array([h[0] for h in hist], dtype=float))
 
 
 def _ema_of(raw: list[float], e: float, alpha: float) -> list[float]:
