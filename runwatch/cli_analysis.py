@@ -105,7 +105,7 @@ def cmd_forecast(args: argparse.Namespace, store: Any) -> int:
         return EXIT_OK
     eta = result.eta_seconds
     eta_text = "unknown (no wall times)" if eta is None else duration(eta)
-    model = result.model
+    model = model_text(result)
     if args.reference is not None:
         model = f"the curve of run {args.reference!r}, aligned by {args.align}"
     lines = [
@@ -123,6 +123,19 @@ def cmd_forecast(args: argparse.Namespace, store: Any) -> int:
         )
     print("\n".join(lines))
     return EXIT_OK
+
+
+def model_text(result: Any) -> str:
+    """The forecast's model, and what it made of the logged LR (``Forecast.lr_schedule``)."""
+    shape, final = result.lr_schedule, result.final_step
+    if shape in ("cosine", "linear"):
+        lr = f"the LR's {shape} decay carried on to step {final}"
+        if result.model == "power_law":
+            return f"power_law; {lr} is mostly still to come, too little seen to know its effect"
+        return f"{result.model}; {lr}"
+    if shape == "flat" and result.model == "lr_law":
+        return "lr_law; the LR held at its last value (no decay to carry on)"
+    return result.model
 
 
 def duration(seconds: float) -> str:

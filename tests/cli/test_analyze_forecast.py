@@ -304,3 +304,24 @@ def test_analyze_reference_errors_exit_2(db_path, capsys):
     assert "--align needs --reference" in capsys.readouterr().err
     assert main(["analyze", "--db", str(db_path), "--run", "r", "--reference", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_forecast_table_says_how_the_logged_lr_was_carried_on(db_path, capsys):
+    """A cosine schedule to step 4000, logged to step 2000: the table names the projection;
+    --upto hides the LR after it too (an honest what-if), so at step 400 the decay is all
+    still to come."""
+    n, final = 2000, 4000
+    steps = np.arange(1, n + 1)
+    lr = 1e-3 * 0.5 * (1 + np.cos(np.pi * steps / final))
+    area = np.cumsum(lr / 1e-3)
+    loss = 2.0 + 8.0 * (area + 50.0) ** -0.3
+    with runwatch.init(name="cos", store=db_path, config={"total_steps": final}) as run:
+        for s, x, y in zip(steps.tolist(), lr.tolist(), loss.tolist(), strict=True):
+            run.log({"loss": y, "lr": x}, step=s)
+    assert main(["forecast", "--db", str(db_path), "--run", "cos"]) == 0
+    out = capsys.readouterr().out
+    assert f"the LR's cosine decay carried on to step {final}" in out
+    assert main(["forecast", "--db", str(db_path), "--run", "cos", "--upto", "400"]) == 0
+    assert "(power_law; the LR's cosine decay carried on to step 4000 is mostly still" in (
+        capsys.readouterr().out
+    )
