@@ -147,10 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
         "forecast",
         help="fit the expected curve and forecast a metric",
         description="Fit the expected curve of METRIC on steps <= --upto (a robust power "
-        "law, or the LR-schedule-aware law when the run logged lr, or with --reference an "
-        "earlier run's curve), predict its value at --final-step with a 90% band, the "
-        "wall-clock ETA from the recent step rate, and with --target the step at which "
-        "the curve reaches that value.",
+        "law; or, when the run logged lr, the LR-schedule-aware law with the LR's decay "
+        "carried on to --final-step as a cosine or a line, once enough of the decay is seen "
+        "to know its effect; or with --reference an earlier run's curve), predict its value "
+        "at --final-step with a 90% band, the wall-clock ETA from the recent step rate, "
+        "and with --target the step at which the curve reaches that value.",
     )
     _db_arg(fc)
     fc.add_argument("--run", required=True, metavar="NAME")
