@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
+from scipy.signal import lfilter
 
 from runwatch.expect.lrclock import LRClock
 from runwatch.model import SEVERITIES
@@ -33,7 +34,11 @@ __all__ = [
     "check_choice",
     "check_lengths",
     "check_number",
+    "ema_many",
+    "ema_step",
     "guarded",
+    "noise_many",
+    "noise_step",
     "robust_scale",
     "robust_scales",
     "running_medians",
@@ -344,41 +349,101 @@ def running_medians(prev: list[float], new: list[float], size: int) -> list[floa
     return out
 
 
+NOISE_RATE = 0.01
+"""How fast the smoothers' noise EMA follows the absolute first difference."""
+_NOISE_KEEP = 1.0 - NOISE_RATE
+
+
+def ema_step(e: float, x: float, alpha: float, beta: float) -> float:
+    """One EMA step, ``alpha·x + beta·e`` (``beta`` = 1 - ``alpha``): the one form every
+    EMA of the detectors takes, streaming or batched, because ``ema_many`` forms exactly
+    these floats (``e + alpha·(x - e)`` would round differently)."""
+    return alpha * x + beta * e
+
+
+def ema_many(e: float, x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
+    """``ema_step`` after each of ``x`` (NaN ``e``: the EMA starts at ``x[0]``), bit for
+    bit: ``lfilter`` computes ``beta·e`` then adds ``alpha·x``, the same two roundings
+    (``tests/detect/test_batch.py`` checks it).
+
+    >>> ema_many(float("nan"), np.array([1.0, 2.0, 4.0]), 0.5, 0.5).tolist()
+    [1.0, 1.5, 2.75]
+    """
+    x = np.asarray(x, dtype=float)
+    if x.size == 0:
+        return np.empty(0)
+    if e != e:
+        return np.concatenate((x[:1], ema_many(float(x[0]), x[1:], alpha, beta)))
+    return lfilter([alpha], [1.0, -beta], x, zi=[beta * e])[0]
+
+
+def noise_step(a: float, d: float) -> float:
+    """The smoothers' noise EMA after one more absolute first difference ``d``: a slow EMA
+    of ``d`` capped at 5 times the current mean, so one jump barely moves it (NaN ``a``:
+    not started, ``d`` is the first)."""
+    if a != a:
+        return d
+    t = 5.0 * a + 1e-12
+    return ema_step(a, t if t < d else d, NOISE_RATE, _NOISE_KEEP)
+
+
+def noise_many(a: float, diffs: np.ndarray) -> np.ndarray:
+    """``noise_step`` after each of ``diffs``, bit for bit: ``ema_many`` over the stretch
+    up to the first capped difference (a jump: ~1 in 150 points of the real losses), that
+    one by ``noise_step``, and on from there.
+
+    >>> noise_many(float("nan"), np.array([0.2, 0.4, 9.0])).tolist()
+    [0.2, 0.202, 0.21008000000001]
+    """
+    diffs = np.asarray(diffs, dtype=float)
+    n = diffs.size
+    out = np.empty(n)
+    i = 0
+    if n and a != a:
+        a = out[0] = diffs[0]
+        i = 1
+    chunk = 256
+    while i < n:
+        seg = diffs[i : min(n, i + chunk)]
+        ys = ema_many(a, seg, NOISE_RATE, _NOISE_KEEP)
+        before = np.concatenate(([a], ys[:-1]))
+        capped = seg > 5.0 * before + 1e-12
+        c = int(np.argmax(capped)) if capped.any() else seg.size
+        out[i : i + c] = ys[:c]
+        if c < seg.size:
+            out[i + c] = noise_step(float(before[c]), float(seg[c]))
+            c += 1
+            chunk = 256
+        else:
+            chunk = min(2 * chunk, 8192)
+        a = float(out[i + c - 1])
+        i += c
+    return out
+
+
 def smooth_many(
-    absdiff: float, ema: float, alpha: float, diffs: list[float], medians: list[float]
-) -> tuple[list[float], list[float]]:
+    absdiff: float, ema: float, alpha: float, beta: float, diffs: np.ndarray, medians
+) -> tuple[np.ndarray, np.ndarray]:
     """The noise EMA and the smoothed value after each point, for a whole batch.
 
-    The smoothers of CurveDeviation and Divergence keep ``absdiff``, a slow EMA of the
-    absolute first difference (``diffs``), each capped at 5 times the current mean, and
-    ``ema``, an EMA of the running median (``medians``). Both are sequential in floats, so
-    this is a plain loop: the same operations in the same order as the detectors' own
-    ``update`` (NaN ``absdiff``: not started yet). Returns (absdiffs, emas).
+    The smoothers of CurveDeviation and Divergence keep ``absdiff``, the noise EMA of the
+    absolute first differences (``diffs``, ``noise_step``), and ``ema``, an EMA
+    (``ema_step``) of the running median (``medians``): the same floats as their own
+    ``update`` forms. Returns (absdiffs, emas).
 
-    >>> smooth_many(float("nan"), 1.0, 0.5, [0.2, 0.4], [1.0, 2.0])
+    >>> ads, emas = smooth_many(float("nan"), 1.0, 0.5, 0.5, [0.2, 0.4], [1.0, 2.0])
+    >>> ads.tolist(), emas.tolist()
     ([0.2, 0.202], [1.0, 1.5])
     """
-    ads: list[float] = []
-    emas: list[float] = []
-    a, e = absdiff, ema
-    for d, md in zip(diffs, medians, strict=True):
-        if a != a:
-            a = d
-        else:
-            t = 5.0 * a + 1e-12
-            a += 0.01 * ((t if t < d else d) - a)  # min(d, t), without the call
-        e += alpha * (md - e)
-        ads.append(a)
-        emas.append(e)
-    return ads, emas
+    return noise_many(absdiff, diffs), ema_many(ema, medians, alpha, beta)
 
 
 def smoothed_state(
     d: Detector,
     n0: int,
     xs: list[float],
-    absdiffs: list[float],
-    emas: list[float],
+    absdiffs: np.ndarray,
+    emas: np.ndarray,
     recent0: list[float],
     size: int,
     j: int,
@@ -391,6 +456,6 @@ def smoothed_state(
         return
     d._n = n0 + j
     d._prev = xs[j - 1]
-    d._absdiff = absdiffs[j - 1]
-    d._ema = emas[j - 1]
+    d._absdiff = float(absdiffs[j - 1])
+    d._ema = float(emas[j - 1])
     d._recent[:] = (recent0 + xs[max(0, j - size) : j])[-size:]

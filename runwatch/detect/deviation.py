@@ -14,6 +14,8 @@ from runwatch.detect.base import (
     Signal,
     batch_ready,
     check_number,
+    ema_step,
+    noise_step,
     update_points,
 )
 from runwatch.expect.binning import LogBins
@@ -149,6 +151,7 @@ class CurveDeviation(LRAware, Detector):
 
     def _reset(self) -> None:
         self._alpha = 2.0 / (self.span + 1.0)
+        self._beta = 1.0 - self._alpha
         self._ema_sd = math.sqrt(self._alpha / (2.0 - self._alpha))
         self._bins = LogBins()
         self._by_area = False
@@ -202,16 +205,13 @@ class CurveDeviation(LRAware, Detector):
             return x
         d = abs(x - self._prev)
         self._prev = x
-        if math.isnan(self._absdiff):
-            self._absdiff = d
-        else:
-            self._absdiff += 0.01 * (min(d, 5.0 * self._absdiff + 1e-12) - self._absdiff)
+        self._absdiff = noise_step(self._absdiff, d)
         recent = self._recent
         recent.append(x)
         if len(recent) > 5:
             del recent[0]
         srt = sorted(recent)
-        self._ema += self._alpha * (srt[len(srt) // 2] - self._ema)
+        self._ema = ema_step(self._ema, srt[len(srt) // 2], self._alpha, self._beta)
         return self._ema
 
     @property
@@ -293,7 +293,7 @@ class CurveDeviation(LRAware, Detector):
         if math.isnan(self._exp_ema):
             self._exp_ema = exp_raw
         else:
-            self._exp_ema += self._alpha * (exp_raw - self._exp_ema)
+            self._exp_ema = ema_step(self._exp_ema, exp_raw, self._alpha, self._beta)
         exp_v = self._exp_ema
         sigma = 0.886 * self._absdiff * self._ema_sd
         extrap = math.log(max(step, self._fit_step) / self._fit_step)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from runwatch.detect.base import running_medians, smooth_many, smoothed_state
+from runwatch.detect.base import ema_many, running_medians, smooth_many, smoothed_state
 from runwatch.expect.lrlaw import AreaLaw
 
 if TYPE_CHECKING:
@@ -49,9 +49,8 @@ class Batch:
         self.recent0 = list(d._recent)
         xl = x.tolist()
         self.xl = xl
-        ema, ad = _smooth_many(d, xl)
-        self.ema_l, self.ad_l = ema, ad
-        self.ema, self.ad = np.array(ema), np.array(ad)
+        self.ema, self.ad = _smooth_many(d, x, xl)
+        self.ema_l = self.ema.tolist()
 
     def areas(self, j: int) -> tuple[float, float] | None:
         """Point ``j``'s areas as ``update`` takes them (None before the LR)."""
@@ -62,7 +61,7 @@ class Batch:
 
     def set_smooth(self, j: int) -> None:
         """Put the smoothing state where ``update`` leaves it after the first ``j`` points."""
-        smoothed_state(self.d, self.n0, self.xl, self.ad_l, self.ema_l, self.recent0, 5, j)
+        smoothed_state(self.d, self.n0, self.xl, self.ad, self.ema, self.recent0, 5, j)
 
     def learn_all(self, a: int, b: int) -> int:
         """Points a..b-1 without a law: ``update`` learns each of them."""
@@ -96,8 +95,7 @@ class Batch:
         ema = self.ema[a:b]
         n = b - a
         now = self._parts(law, stf, a, b)
-        exp_l = _ema_of((now + law.E).tolist(), d._exp_ema, d._alpha)
-        exp_v = np.array(exp_l)
+        exp_v = ema_many(d._exp_ema, now + law.E, d._alpha, d._beta)
         sigma = 0.886 * self.ad[a:b] * d._ema_sd
         fs = d._fit_step
         extrap = np.array(list(map(math.log, (np.maximum(stf, fs) / fs).tolist())))
@@ -150,7 +148,7 @@ class Batch:
                 d._under = int(count[j])
                 sig = d._signal(
                     "info", self.steps[a + j], values[int(idx[a + j])], float(ema[j]),
-                    exp_l[j], float(half[j]), "below",
+                    float(exp_v[j]), float(half[j]), "below",
                 )  # fmt: skip
                 out.append((int(idx[a + j]), sig))
             d._under = int(count[-1])
@@ -166,7 +164,7 @@ class Batch:
             )
         )  # fmt: skip
         d._hist = (hist + new)[-w:] if h0 + keep > w else hist + new
-        d._exp_ema = exp_l[c - 1]
+        d._exp_ema = float(exp_v[c - 1])
         self._learn(a + np.flatnonzero(learn[:c]))
         return a + c
 
@@ -189,32 +187,22 @@ def _hist_falls(law, hist: list[tuple[int, float, float]]) -> np.ndarray:
     return _power_parts(law, np.array([h[0] for h in hist], dtype=float))
 
 
-def _ema_of(raw: list[float], e: float, alpha: float) -> list[float]:
-    """The expected value's EMA after each of ``raw`` (NaN ``e``: it starts at the first)."""
-    out = []
-    if e != e:
-        e = raw[0]
-        out.append(e)
-        raw = raw[1:]
-    for r in raw:
-        e += alpha * (r - e)
-        out.append(e)
-    return out
-
-
 def _pow(base: np.ndarray, exp: float) -> np.ndarray:
     """``base ** exp`` element by element with Python's float pow (numpy's may differ)."""
     return np.array(list(map(pow, base.tolist(), repeat(exp))))
 
 
-def _smooth_many(d: CurveDeviation, xl: list[float]) -> tuple[list[float], list[float]]:
-    """The loss EMA and the noise EMA after each of ``xl``, as ``_smooth`` forms them."""
+def _smooth_many(
+    d: CurveDeviation, x: np.ndarray, xl: list[float]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The loss EMA and the noise EMA after each of ``x`` (``xl``: as a list), as
+    ``_smooth`` forms them."""
     k = 1 if d._n == 0 else 0  # the first point of the series only starts the EMA
-    e = xl[0] if k else d._ema
+    e = float(x[0]) if k else d._ema
     meds = running_medians(d._recent, xl, 5)
-    prev = d._prev if d._n else xl[0]
-    diffs = np.abs(np.diff(np.array([prev, *xl]))).tolist()
-    ads, emas = smooth_many(d._absdiff, e, d._alpha, diffs[k:], meds[k:])
+    prev = d._prev if d._n else x[0]
+    diffs = np.abs(np.diff(np.concatenate(([prev], x))))
+    ads, emas = smooth_many(d._absdiff, e, d._alpha, d._beta, diffs[k:], meds[k:])
     if k:
-        return [e, *emas], [d._absdiff, *ads]
+        return np.concatenate(([e], emas)), np.concatenate(([d._absdiff], ads))
     return emas, ads

@@ -13,7 +13,9 @@ from runwatch.detect.base import (
     check_choice,
     check_lengths,
     check_number,
+    ema_step,
     guarded,
+    noise_step,
     running_medians,
     smooth_many,
     smoothed_state,
@@ -93,6 +95,7 @@ class Divergence(Detector):
 
     def _reset(self) -> None:
         self._alpha = 2.0 / (self.span + 1.0)
+        self._beta = 1.0 - self._alpha
         self._ema_sd = math.sqrt(self._alpha / (2.0 - self._alpha))
         self._log = self.space != "linear"
         self._n = 0
@@ -137,17 +140,14 @@ class Divergence(Detector):
             return None
         d = abs(x - self._prev)
         self._prev = x
-        if math.isnan(self._absdiff):
-            self._absdiff = d
-        else:
-            self._absdiff += 0.01 * (min(d, 5.0 * self._absdiff + 1e-12) - self._absdiff)
+        self._absdiff = noise_step(self._absdiff, d)
         sigma = 0.886 * self._absdiff  # mean |diff| -> Gaussian sigma of one point
         recent = self._recent
         recent.append(x)
         if len(recent) > self.median_window:
             del recent[0]
         srt = sorted(recent)
-        self._ema += self._alpha * (srt[len(srt) // 2] - self._ema)
+        self._ema = ema_step(self._ema, srt[len(srt) // 2], self._alpha, self._beta)
         if self._n <= self.warmup:
             return None
         ref = self._reference()
@@ -271,9 +271,9 @@ class _DivBatch:
         diffs = np.abs(np.diff(np.array([d._prev, *xl])))
         self.recent0 = list(d._recent)
         meds = running_medians(self.recent0, xl, d.median_window)
-        self.ads, self.emas = smooth_many(d._absdiff, d._ema, d._alpha, diffs.tolist(), meds)
-        self.sigma = 0.886 * np.array(self.ads)
-        self.ema = np.array(self.emas)
+        self.ads, self.ema = smooth_many(d._absdiff, d._ema, d._alpha, d._beta, diffs, meds)
+        self.emas = self.ema.tolist()
+        self.sigma = 0.886 * self.ads
         need = d.threshold * self.sigma * d._ema_sd
         self.need = np.maximum(need, d.min_rise if d._log else 0.0)
         self.n0 = d._n
