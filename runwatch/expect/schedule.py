@@ -32,9 +32,14 @@ MATCH_WITHIN = 0.02
 (share of the peak); the logged LR is often rounded, so an exact match is not asked."""
 
 
+PROJECTED_POINTS = 2048
+"""Points the projection is given by (at most; one per step on a shorter stretch)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ProjectedLR:
-    """The logged LR, then the projection to the final step (sorted by step)."""
+    """The logged LR, then the projection to the final step (sorted by step; the LR is
+    linear between points, as ``lr_areas`` reads it)."""
 
     steps: np.ndarray
     values: np.ndarray
@@ -78,7 +83,9 @@ def project_lr(lr_steps, lr_values, final_step: int) -> ProjectedLR:
     rms, name, floor = best  # type: ignore[misc]
     if rms > MATCH_WITHIN:
         return flat
-    coming = np.arange(ls[-1] + 1.0, final_step + 1.0)
+    # lr_areas interpolates linearly between points: a few thousand carry either shape to
+    # within 1e-6 of its peak, where one per step would cost memory on a 10M-step run.
+    coming = np.unique(np.linspace(ls[-1] + 1.0, final_step, PROJECTED_POINTS).round())
     left = _shapes((coming - peak_step) / (final_step - peak_step))[name]
     values = peak * left + floor * (1.0 - left)
     return ProjectedLR(np.r_[ls, coming], np.r_[lv, values], name, floor)
