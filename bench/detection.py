@@ -436,10 +436,13 @@ def forecast_table(runs: dict[str, pd.DataFrame]) -> pd.DataFrame:
         k = max(5, v.size // 100)
         final = float(np.median(v[-k:]))
         fs = int(s[-1])
+        # As `runwatch forecast` does: the LR-aware law when the run logs its LR (llm.c).
+        lr = df[df["metric"] == "lr"].sort_values("step", kind="stable")
+        ls, lv = (None, None) if lr.empty else (lr["step"].to_numpy(), lr["value"].to_numpy())
         for frac in (0.10, 0.25, 0.50):
             up = int(s[0] + frac * (fs - s[0]))
             try:
-                f = forecast(s, v, upto=up, final_step=fs)
+                f = forecast(s, v, upto=up, final_step=fs, lr_steps=ls, lr_values=lv)
             except ValueError:
                 rows.append({"run": run, "frac": frac, "held_out": run in HELD_OUT, "err": None})
                 continue
