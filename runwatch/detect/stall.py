@@ -329,12 +329,25 @@ class Stall(LRAware, Detector):
         self._long.slope = self._slope((k - self.per_octave) * _LN2 / self.per_octave)
 
     def _slope(self, ls_end: float) -> float | None:
-        """Slope of x against ln(step) over the ``ref_octaves`` octaves before ``ls_end``."""
+        """Slope of x against ln(step) over the ``ref_octaves`` octaves before ``ls_end``.
+
+        Only the bins that can hold a mean in that range are visited (a bin's mean lies in
+        its own ln(step) range; one bin of margin each side for rounding and for ``int``
+        truncating towards zero), in ascending order, which is the order they were made
+        in while steps go forward; a run of 100k steps has ~130 bins, the range ~12.
+        """
+        if not math.isfinite(ls_end):
+            return None  # no bin mean is in an empty or unbounded range
         lo = ls_end - self.ref_octaves * _LN2
         sx = sy = sxx = sxy = 0.0
         m = 0
         first = last = 0.0
-        for b in self._bins.values():
+        bins = self._bins
+        per = self.per_octave / _LN2
+        for k in range(math.floor(lo * per) - 1, math.ceil(ls_end * per) + 2):
+            b = bins.get(k)
+            if b is None:
+                continue
             c = b[0] / b[2]
             if lo <= c < ls_end:
                 y = b[1] / b[2]
