@@ -170,3 +170,31 @@ def test_panels_share_one_x_axis_and_only_the_bottom_one_has_tick_labels() -> No
     top, bottom = layout["yaxis"]["domain"], layout["yaxis2"]["domain"]
     assert bottom[1] < top[0]  # stacked, not overlapping
     assert [t.yaxis for t in fig.data if t.name in ("loss", "grad_norm")] == ["y", "y2"]
+
+
+def test_axis_types_are_given_so_plotly_never_guesses_them_from_the_data() -> None:
+    panels = [("loss", _frame()), ("grad_norm", _frame())]
+    layout = run_figure(panels, log_y=["loss"]).to_dict()["layout"]
+    assert [layout[a]["type"] for a in ("xaxis", "xaxis2")] == ["linear", "linear"]
+    assert [layout[a]["type"] for a in ("yaxis", "yaxis2")] == ["log", "linear"]
+    assert {layout[a]["ticklabeloverflow"] for a in ("xaxis", "yaxis2")} == {"allow"}
+    in_time = [(m, f.assign(x=pd.to_datetime(f["time"], unit="s", utc=True))) for m, f in panels]
+    assert run_figure(in_time).layout.xaxis2.type == "date"
+    assert run_figure(panels, log_x=True).layout.xaxis.type == "log"
+
+
+def test_the_run_chart_and_its_placeholder_share_the_look_of_every_figure() -> None:
+    from plotly import graph_objects as go
+
+    from runwatch.dashboard.charts import base_layout, placeholder_figure
+
+    shared = base_layout(go.Figure(), 500).layout
+    fig = run_figure([("loss", _frame()), ("lr", _frame())])
+    empty = placeholder_figure(510, "reading the run…")
+    for layout in (fig.layout, empty.layout):
+        assert layout.template == shared.template
+        assert layout.font == shared.font and layout.legend.orientation == "h"
+    assert fig.layout.height == 510 and fig.layout.legend.yref == "container"
+    assert empty.layout.height == 510 and not empty.data
+    assert empty.layout.annotations[0].text == "reading the run…"
+    assert empty.layout.xaxis.visible is False and empty.layout.yaxis.visible is False
