@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,26 +51,34 @@ def analyze_run(
     save: bool = True,
     reference: str | None = None,
     align: str = "step",
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> Analysis:
     """Replay the default detectors over the run's stored points and events.
 
     ``reference``: reference mode, each loss metric that run has too is judged against
     its curve there (aligned by ``align``, not shifted: a lasting difference from the
     known-good run is what is reported), and the stored expected curve is that curve.
+    ``progress(phase, points done, points in all)`` follows a long replay (a progress bar).
     """
+    tell = progress or (lambda phase, done, total: None)
     points = store.read_points(run)
+    n = len(points)
+    tell("replaying", 0, n)
     events = store.events(run)
     monitor = Monitor(config)
     if reference is not None:
         monitor.references = reference_curves(
             store, reference, run, monitor.config, _loss_metrics(points, monitor.config), align
         )
-    anomalies = analyze_frame(points, events, monitor=monitor)
+    replayed = lambda done: tell("replaying", done, n)  # noqa: E731
+    anomalies = analyze_frame(points, events, monitor=monitor, progress=replayed)
+    tell("cross-rank checks", n, n)
     # Cross-rank detectors (stragglers, hangs, hardware) see every attempt: the ranks that
     # were behind when a hang struck are in the attempt its restart superseded.
     everything = store.read_points(run, all_attempts=True)
     anomalies += fleet_anomalies(everything, events, monitor.config)
     if save:
+        tell("storing", n, n)
         store.save_anomalies(store.run_id(run), "replay", anomalies, replace=True)
         for metric in _loss_metrics(points, monitor.config):
             try:

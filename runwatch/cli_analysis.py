@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from runwatch.model import Anomaly, severity_rank
@@ -53,9 +55,10 @@ def cmd_analyze(args: argparse.Namespace, store: Any) -> int:
     check_reference(args)
     roles = parse_roles(args.roles)
     store.run_id(args.run)  # a clear error before any work
-    episodes = analyze_run(
-        store, args.run, roles, reference=args.reference, align=args.align
-    ).anomalies
+    with progress_bar(f"analyze {args.run}") as progress:
+        episodes = analyze_run(
+            store, args.run, roles, reference=args.reference, align=args.align, progress=progress
+        ).anomalies
     if args.format == "json":
         for anomaly in episodes:
             print(json.dumps({k: plain(v) for k, v in anomaly.to_json_dict(args.run).items()}))
@@ -68,6 +71,24 @@ def cmd_analyze(args: argparse.Namespace, store: Any) -> int:
         if any(severity_rank(a.severity) >= floor for a in episodes):
             return EXIT_ANOMALIES
     return EXIT_OK
+
+
+@contextmanager
+def progress_bar(what: str) -> Iterator[Callable[[str, int, int], None]]:
+    """A tqdm bar on stderr fed as ``progress(phase, done, total)``; off when stderr is not
+    a terminal (scripts and CI see no bar)."""
+    from tqdm import tqdm
+
+    with tqdm(desc=what, unit="pt", unit_scale=True, disable=None, file=sys.stderr) as bar:
+        bar.set_postfix_str("reading")
+
+        def progress(phase: str, done: int, total: int) -> None:
+            if bar.total != total:
+                bar.reset(total=total)
+            bar.set_postfix_str(phase, refresh=False)
+            bar.update(done - bar.n)
+
+        yield progress
 
 
 def anomaly_table(episodes: Sequence[Anomaly]) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -37,12 +38,13 @@ def replay_batch(
     label_cols: dict[str, np.ndarray],
     steps: np.ndarray,
     values: np.ndarray,
+    progress: Callable[[int], None] | None = None,
 ) -> bool:
     """Feed rows already in replay order into a fresh ``mon``; False if it cannot (then
     nothing was fed and the caller streams instead)."""
     if mon._series or len(mon._anomalies):
         return False
-    return feed_batch(mon, metric, label_cols, steps, values) is not None
+    return feed_batch(mon, metric, label_cols, steps, values, progress) is not None
 
 
 def feed_batch(
@@ -51,6 +53,7 @@ def feed_batch(
     label_cols: dict[str, np.ndarray],
     steps: np.ndarray,
     values: np.ndarray,
+    progress: Callable[[int], None] | None = None,
 ) -> list[Anomaly] | None:
     """Feed rows in replay order (by step; within a step, any fixed series order) into
     ``mon``, fresh or not: what ``Monitor.update`` row by row would do. Returns the
@@ -58,6 +61,7 @@ def feed_batch(
     each once), or None if it cannot - a series whose steps go back from where it was
     (a restart or a late point), or raw labels that normalise alike - and then nothing
     was fed and the caller streams instead. Live detection feeds each written batch so.
+    ``progress`` is told the rows fed so far after each series.
     """
     n = steps.size
     if n == 0:
@@ -100,10 +104,14 @@ def feed_batch(
         # The LR series first: the loss series' areas come from what it fed the clock.
         runs.sort(key=lambda r: r[0] is not mon._lr_series)
         lr_fed = _clock_states(mon.lr_clock)
+        done = 0
         for series, rows in runs:
             if series is mon._lr_series:
                 lr_fed = _feed_clock(mon.lr_clock, rows, steps[rows], values[rows])
             _run_series(mon, series, rows, steps[rows], values[rows], lr_fed)
+            done += rows.size
+            if progress is not None:
+                progress(done)
         _link_precursors(mon)
         ordered = sorted(new, key=lambda a: mon._order[id(a)])
     finally:

@@ -10,6 +10,7 @@ beside its redo instead of being replaced by it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -26,11 +27,15 @@ def _label_value(v):
     return v
 
 
-def _batch(mon, metric, points, order, label_cols, step_arr, value) -> bool:
+def _batch(mon, metric, points, order, label_cols, step_arr, value, progress) -> bool:
     from runwatch.detect.batch import replay_batch
 
     cols = {k: points[k].to_numpy(dtype=object)[order] for k in label_cols}
-    return replay_batch(mon, metric, cols, step_arr, value)
+    return replay_batch(mon, metric, cols, step_arr, value, progress)
+
+
+PROGRESS_EVERY = 65_536
+"""Rows between two progress calls on the streaming path."""
 
 
 def _events(events: pd.DataFrame | None) -> list[tuple[float, Event]]:
@@ -59,6 +64,7 @@ def analyze_frame(
     *,
     monitor: Monitor | None = None,
     fast: bool = True,
+    progress: Callable[[int], None] | None = None,
 ) -> list[Anomaly]:
     """Replay ``points`` (columns metric, step, value[, time, rank, host, gpu]) through a
     Monitor and return every anomaly episode, all closed, in the order they opened.
@@ -68,6 +74,8 @@ def analyze_frame(
     Pass ``monitor`` to read its ``health`` afterwards. ``fast`` runs the batch path
     (``runwatch.detect.batch``: same code, series by series, identical anomalies); with
     ``fast=False`` every row goes through ``Monitor.update`` as it would live.
+    ``progress`` is told how many points were replayed so far, now and then (a long
+    replay's progress bar).
 
     >>> import pandas as pd
     >>> pts = pd.DataFrame({"metric": ["loss"] * 3, "step": [0, 1, 2],
@@ -90,7 +98,7 @@ def analyze_frame(
         else np.full(n, np.nan)
     )
     label_cols = [k for k in LABEL_KEYS if k in points.columns]
-    if fast and _batch(mon, metric, points, order, label_cols, step_arr, value):
+    if fast and _batch(mon, metric, points, order, label_cols, step_arr, value, progress):
         # Events cannot change a replay in step order (steps never go back), so the batch
         # path ignores them; see runwatch.detect.batch.
         mon.finish()
@@ -118,8 +126,12 @@ def analyze_frame(
             ei += 1
         t = times_l[i]
         update(metrics_l[i], labels[i] if labels else empty, st, values_l[i], None if t != t else t)
+        if progress is not None and (i + 1) % PROGRESS_EVERY == 0:
+            progress(i + 1)
     while ei < len(evs):
         mon.event(evs[ei][1])
         ei += 1
+    if progress is not None:
+        progress(n)
     mon.finish()
     return mon.anomalies

@@ -325,3 +325,28 @@ def test_forecast_table_says_how_the_logged_lr_was_carried_on(db_path, capsys):
     assert "(power_law; the LR's cosine decay carried on to step 4000 is mostly still" in (
         capsys.readouterr().out
     )
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_analyze_tells_its_progress_phase_by_phase_to_every_point(db_path, fast, monkeypatch):
+    """What a long replay's progress bar is fed: the phases in order, the points replayed
+    never going back, and all of them by the end (batch: after each series; streaming:
+    every PROGRESS_EVERY rows)."""
+    from runwatch.analysis import analyze_run
+    from runwatch.detect import replay
+
+    monkeypatch.setattr(replay, "PROGRESS_EVERY", 300)
+    if not fast:  # the batch path refuses; the streaming path replays every row
+        monkeypatch.setattr(replay, "_batch", lambda *args: False)
+    _log_curve(db_path, n=1000, monitor=False)
+    with runwatch.init(name="r", store=db_path, resume=True, monitor=False) as run:
+        for step in range(1001, 1101):
+            run.log({"grad_norm": 0.5}, step=step)
+    calls: list[tuple[str, int, int]] = []
+    with open_store(str(db_path)) as store:
+        analyze_run(store, "r", progress=lambda *call: calls.append(call))
+    phases = [phase for phase, _, _ in calls]
+    assert phases[0] == "replaying" and phases[-2:] == ["cross-rank checks", "storing"]
+    done = [d for phase, d, _ in calls if phase == "replaying"]
+    assert done == sorted(done) and done[-1] == 1100 and len(done) >= 3
+    assert {total for _, _, total in calls} == {1100}
