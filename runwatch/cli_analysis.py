@@ -147,16 +147,9 @@ def cmd_forecast(args: argparse.Namespace, store: Any) -> int:
 
 
 def model_text(result: Any) -> str:
-    """The forecast's model, and what it made of the logged LR (``Forecast.lr_schedule``)."""
-    shape, final = result.lr_schedule, result.final_step
-    if shape in ("cosine", "linear"):
-        lr = f"the LR's {shape} decay carried on to step {final}"
-        if result.model == "power_law":
-            return f"power_law; {lr} is mostly still to come, too little seen to know its effect"
-        return f"{result.model}; {lr}"
-    if shape == "flat" and result.model == "lr_law":
-        return "lr_law; the LR held at its last value (no decay to carry on)"
-    return result.model
+    """The forecast's model, and what it made of the logged LR."""
+    note = result.lr_note()
+    return result.model if note is None else f"{result.model}; {note}"
 
 
 def duration(seconds: float) -> str:

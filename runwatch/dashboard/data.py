@@ -173,6 +173,7 @@ def loss_forecast(db: str, run: str, metric: str) -> dict[str, Any] | None:
     now_mean, now_lower, now_upper = fc.curve(np.array([float(last)]))
     return {
         "model": fc.model,
+        "lr_note": fc.lr_note(),
         "predicted": fc.predicted,
         "lower": fc.lower,
         "upper": fc.upper,

@@ -35,13 +35,17 @@ _MODEL_TEXT = {
 }
 
 
-def model_text(model: str) -> str:
-    """What the expected curve's model is, in words, for a tooltip.
+def model_text(model: str, lr_note: str | None = None) -> str:
+    """What the expected curve's model is, in words, for a tooltip; ``lr_note`` is what
+    the forecast made of the logged LR (``Forecast.lr_note``).
 
     >>> model_text("reference")
     "an earlier, known-good run's curve (reference mode)"
+    >>> model_text("lr_law", "the LR's cosine decay carried on to step 9000")
+    "the LR-schedule-aware law (...), fitted on the run so far; the LR's cosine decay ..."
     """
-    return _MODEL_TEXT.get(model, f"model {model}")
+    words = _MODEL_TEXT.get(model, f"model {model}")
+    return words if lr_note is None else f"{words}; {lr_note}"
 
 
 def ema(values: np.ndarray | pd.Series, weight: float) -> np.ndarray:

@@ -61,6 +61,17 @@ class Forecast:
         """(mean, lower, upper) of the expected curve at ``steps`` (90% band)."""
         return self._curve(np.asarray(steps, dtype=float))
 
+    def lr_note(self) -> str | None:
+        """What the forecast made of the logged LR, in words (None without one to say)."""
+        if self.lr_schedule in ("cosine", "linear"):
+            lr = f"the LR's {self.lr_schedule} decay carried on to step {self.final_step}"
+            if self.model == "power_law":
+                return f"{lr} is mostly still to come, too little seen to know its effect"
+            return lr
+        if self.lr_schedule == "flat" and self.model == "lr_law":
+            return "the LR held at its last value (no decay to carry on)"
+        return None
+
 
 def _band_fn(predict: Callable[[np.ndarray], np.ndarray], sigma: float, upto: float):
     def curve(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

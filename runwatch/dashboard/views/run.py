@@ -94,7 +94,7 @@ def headline() -> None:
             f"{fc['predicted']:.4f}",
             f"90%: {fc['lower']:.3f} – {fc['upper']:.3f}",
             delta_color="off",
-            help=shaping.model_text(fc["model"]),
+            help=shaping.model_text(fc["model"], fc.get("lr_note")),
         )
         eta = "done" if now_info["status"] != "running" else shaping.format_age(fc["eta_seconds"])
         c[4].metric("ETA", eta)
