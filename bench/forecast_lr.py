@@ -2,9 +2,11 @@
 
 Runs whose loss follows the law of Tissue et al. 2024 under five schedules
 (``bench/lr_schedules.py``: constant, cosine to 10% and to 0, warmup-stable-decay, step
-decay; 3 noise levels x ``--seeds`` seeds x 20,000 steps), and the one real run that logs
-its LR (llm.c GPT-2 124M, cosine to 0, from ``../shared/data/real_runs``). Each is
-forecast at 10%, 25% and 50% of its steps for its last step, three ways, side by side:
+decay; 3 noise levels x ``--seeds`` seeds x 20,000 steps), the demo run (``runwatch demo``:
+its loss is a power law in the summed LR alone, no annealing term, under a cosine), and
+the one real run that logs its LR (llm.c GPT-2 124M, cosine to 0, from
+``../shared/data/real_runs``). Each is forecast at 10%, 25%, 50% and 75% of its steps for
+its last step, three ways, side by side:
 
 - ``power law``: the robust power law in the step, LR ignored (what a run without an LR
   gets; the anchor);
@@ -36,11 +38,12 @@ sys.path.insert(0, str(ROOT))
 
 from lr_schedules import NOISES, SCHEDULES, run  # noqa: E402  (bench/ is this folder)
 
+from runwatch.demo.scenario import demo_scenario  # noqa: E402
 from runwatch.expect import bin_arrays, fit_lr_law, forecast  # noqa: E402
 from runwatch.expect.forecast import FIT_FROM, _band_fn  # noqa: E402
 
 LLMC = ROOT.parent / "shared" / "data" / "real_runs" / "mng_llmc_gpt2_124m.csv"
-FRACTIONS = (0.10, 0.25, 0.50)
+FRACTIONS = (0.10, 0.25, 0.50, 0.75)
 
 Curve = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 """(loss steps, loss values, lr steps, lr values) of one run."""
@@ -71,10 +74,26 @@ def llmc() -> Iterator[Curve]:
     )
 
 
+def demo() -> Iterator[Curve]:
+    """The demo run as the store reads it: the latest value of each step (the restart's
+    redone steps replace the first attempt's), the NaN left in (forecast skips it)."""
+    loss: dict[int, float] = {}
+    lr: dict[int, float] = {}
+    for item in demo_scenario(3000):
+        loss[item.step], lr[item.step] = item.metrics["loss"], item.metrics["lr"]
+    steps = np.array(sorted(loss))
+    yield (
+        steps,
+        np.array([loss[k] for k in steps]),
+        steps,
+        np.array([lr[k] for k in steps]),
+    )
+
+
 def lr_held_flat(s, v, ls, lv, up: int, fin: int) -> tuple[float, float, float]:
     """(predicted, lower, upper) of the LR-aware law with the LR held flat after ``up``:
     runwatch's forecast before the schedule projection (same bins, same band)."""
-    sel = (s <= up) & (s >= FIT_FROM * up)
+    sel = (s <= up) & (s >= FIT_FROM * up) & np.isfinite(v)
     bs, bv, _ = bin_arrays(s[sel], v[sel])
     seen = ls <= up
     law = fit_lr_law(bs, bv, ls[seen], lv[seen], horizon=fin)
@@ -98,7 +117,8 @@ def table(name: str, curves: Callable[[], Iterator[Curve]]) -> None:
         errs: dict[str, list[float]] = {}
         held: dict[str, list[bool]] = {}
         for s, v, ls, lv in curves():
-            final = float(np.median(v[-max(5, v.size // 100) :]))
+            finite = v[np.isfinite(v)]
+            final = float(np.median(finite[-max(5, finite.size // 100) :]))
             fin = int(s[-1])
             up = int(s[0] + frac * (fin - s[0]))
             for way, (m, lo, hi) in ways(s, v, ls, lv, up, fin).items():
@@ -117,12 +137,13 @@ def main() -> None:
     ways_ = ("power law", "LR flat", "runwatch")
     print(
         f"synthetic: {len(SCHEDULES)} schedules x {len(NOISES)} noise levels x {args.seeds} "
-        "seeds x 20,000 steps; real: llm.c GPT-2 124M (cosine to 0)"
+        "seeds x 20,000 steps; the demo run; real: llm.c GPT-2 124M (cosine to 0)"
     )
     print("median |error| of the final value and 90% band coverage, per way of forecasting")
     print(f"{'run':13} {'fit':4}  " + "  ".join(f"{w:>13}" for w in ways_))
     for schedule in SCHEDULES:
         table(schedule, lambda schedule=schedule: synthetic(schedule, args.seeds))
+    table("demo", demo)
     table("llm.c (real)", llmc)
 
 

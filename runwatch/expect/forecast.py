@@ -27,15 +27,16 @@ EXTRAP_REL = 0.05
 """Relative band half-width per e-fold of extrapolation (final_step / upto), calibrated on
 the held-in real runs: a fit cannot know that a schedule will anneal later."""
 
-KNOWN_ANNEAL = 0.25
+KNOWN_ANNEAL = 0.5
 """The LR-aware law forecasts only when the anneal its fit saw (the growth of the
 annealing area S2 over the fitted steps) is at least this share of the anneal still to
-come: its annealing coefficient is learnt from the one and multiplied by the other. A
-cosine run a quarter of the way in has seen ~1/40 of its anneal, and the law then
-forecast 5% too low on synthetic runs that follow it exactly (150% at a tenth), where
-the power law in the step was 7% too high with a band that held the truth; at half the
-run (~1/3 seen) the law is within 1%. Any share from 0.1 to 0.5 makes the same choices
-there (bench/forecast_lr.py)."""
+come: its annealing coefficient is learnt from the one and multiplied by the other.
+Earlier, the power law in the step forecasts instead. A quarter of the way into a cosine
+the law was 5% too low on synthetic runs that follow it exactly (150% at a tenth), the
+power law 7% too high with a band that held the truth. Half-way into the demo run (whose
+loss has no annealing term) a share of 0.25 let the law in and it missed by 6.4%, the
+power law by 4.8% inside its band; 0.5 and 1.0 then made equally good choices at 50-75%
+of the synthetic cosines, the demo and llm.c (bench/forecast_lr.py)."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,8 @@ class Forecast:
     )
     lr_schedule: str | None = None
     """How the logged LR was carried to the final step ("logged", "flat", "cosine",
-    "linear"; ``runwatch.expect.schedule``), None without an LR."""
+    "linear"; ``runwatch.expect.schedule``), "warmup" when its warmup ended inside the
+    fitted steps (the power law then forecasts), None without an LR."""
 
     def curve(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(mean, lower, upper) of the expected curve at ``steps`` (90% band)."""
@@ -70,6 +72,8 @@ class Forecast:
             return lr
         if self.lr_schedule == "flat" and self.model == "lr_law":
             return "the LR held at its last value (no decay to carry on)"
+        if self.lr_schedule == "warmup":
+            return "the LR's warmup is in the fitted steps, so its schedule is not known yet"
         return None
 
 
@@ -179,18 +183,22 @@ def _fit_lr_law(
 ) -> tuple[LRLaw | None, str | None]:
     """The LR-aware law fitted on the bins, with the LR logged up to ``up`` projected to
     ``fin``, and the projection's shape; the law is None when the anneal it saw is too
-    little to know what the coming one does (``KNOWN_ANNEAL``) or no LR point is finite."""
+    little to know what the projected decay does (``KNOWN_ANNEAL``), the LR's warmup
+    ends inside the fitted steps (lr_schedule "warmup"), or no LR point is finite."""
     horizon = int(max(fin, up))
     ls, lv = np.asarray(lr_steps, dtype=float), np.asarray(lr_values, dtype=float)
     known = ls <= up  # what was known at the fit step: ``upto`` is an honest what-if
     projected = project_lr(ls[known], lv[known], horizon)
     if projected.steps.size == 0:
         return None, None
+    if projected.peak_step is not None and projected.peak_step > bs.min():
+        return None, "warmup"  # fitted across the warmup, the law mistakes its shape
     law = fit_lr_law(bs, bv, projected.steps, projected.values, horizon=horizon)
     s2 = law.s2
     at = np.clip(np.array([bs.min(), up, horizon]).round().astype(int), 0, s2.size - 1)
     seen, coming = s2[at[1]] - s2[at[0]], s2[at[2]] - s2[at[1]]
-    if coming > 0 and seen < KNOWN_ANNEAL * coming:
+    decays = projected.shape in ("cosine", "linear")  # held flat, no anneal is coming
+    if decays and seen < KNOWN_ANNEAL * coming:
         log.debug("LR law not used: anneal seen %.3g, still to come %.3g", seen, coming)
         return None, projected.shape
     return law, projected.shape

@@ -7,8 +7,10 @@ steps came out 7-8% too high with a band that never held the true final loss.
 Most decays are a cosine or a straight line from the peak to a floor at the planned last
 step, so the logged decay is matched against both (the floor fitted, between 0 and the
 LR now) and the closer one continues it. A schedule that has not decayed yet (a
-warmup-stable-decay run in its stable phase, a constant LR), or decays in another shape
-(steps, inverse square root), is held flat: the coming decay cannot be known from it.
+warmup-stable-decay run in its stable phase, a constant LR, a warmup still rising), or
+decays in another shape (steps, inverse square root), is held flat: the coming decay
+cannot be known from it. Where the LR peaked is kept: a law fitted across the warmup
+mistakes its shape (``runwatch.expect.forecast``).
 
 >>> import numpy as np
 >>> s = np.arange(0, 3001)
@@ -45,6 +47,8 @@ class ProjectedLR:
     values: np.ndarray
     shape: str
     """"logged" (nothing to project), "flat", "cosine" or "linear"."""
+    peak_step: float | None = None
+    """Where the logged LR peaked (the end of its warmup; the last step while it rises)."""
     floor: float | None = None
     """The fitted LR at the final step (cosine and linear only)."""
 
@@ -63,12 +67,14 @@ def project_lr(lr_steps, lr_values, final_step: int) -> ProjectedLR:
     ls, lv = ls[ok], lv[ok]
     order = np.argsort(ls, kind="stable")
     ls, lv = ls[order], lv[order]
-    if ls.size == 0 or ls[-1] >= final_step:
+    if ls.size == 0:
         return ProjectedLR(ls, lv, "logged")
     top = int(np.argmax(lv))
     peak, peak_step = float(lv[top]), float(ls[top])
+    if ls[-1] >= final_step:
+        return ProjectedLR(ls, lv, "logged", peak_step)
     ds, dv = ls[top:], lv[top:]
-    flat = ProjectedLR(ls, lv, "flat")
+    flat = ProjectedLR(ls, lv, "flat", peak_step)
     if peak <= 0 or dv.size < 3 or dv[-1] >= (1.0 - FLAT_BELOW) * peak:
         return flat
     progress = (ds - peak_step) / (final_step - peak_step)
@@ -88,4 +94,4 @@ def project_lr(lr_steps, lr_values, final_step: int) -> ProjectedLR:
     coming = np.unique(np.linspace(ls[-1] + 1.0, final_step, PROJECTED_POINTS).round())
     left = _shapes((coming - peak_step) / (final_step - peak_step))[name]
     values = peak * left + floor * (1.0 - left)
-    return ProjectedLR(np.r_[ls, coming], np.r_[lv, values], name, floor)
+    return ProjectedLR(np.r_[ls, coming], np.r_[lv, values], name, peak_step, floor)

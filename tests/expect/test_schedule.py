@@ -52,8 +52,24 @@ def test_a_warmup_still_rising_is_held_flat_and_nonfinite_points_are_skipped():
     lr = lr.copy()
     lr[100] = np.nan
     p = project_lr(s[:300], lr[:300], final_step=N - 1)
-    assert p.shape == "flat"
+    assert (p.shape, p.peak_step) == ("flat", 299)
     assert np.isfinite(p.values).all() and p.steps.size == 299
+
+
+@pytest.mark.parametrize("upto", [400, 1000])
+def test_a_fit_across_the_warmup_uses_the_power_law_and_says_why(upto):
+    """Still rising at 400; at 1000 the fit (from 40% of the steps on) starts before the
+    warmup ended at 499. Once it starts after, the LR law is back (next test)."""
+    s, loss, lr = tissue_run("cosine10")
+    f = forecast(s, loss, upto=upto, final_step=N - 1, lr_steps=s[:upto], lr_values=lr[:upto])
+    assert (f.model, f.lr_schedule) == ("power_law", "warmup")
+    assert "warmup is in the fitted steps" in f.lr_note()
+
+
+def test_a_fit_after_the_warmup_of_a_barely_decayed_lr_keeps_the_lr_law():
+    s, loss, lr = tissue_run("cosine10")
+    f = forecast(s, loss, upto=1500, final_step=N - 1, lr_steps=s[:1500], lr_values=lr[:1500])
+    assert (f.model, f.lr_schedule) == ("lr_law", "flat")
 
 
 def test_a_schedule_logged_to_the_end_or_not_at_all_is_left_as_it_is():
