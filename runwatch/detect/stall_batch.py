@@ -13,6 +13,7 @@ the same float operations in the same order as ``Stall.update`` forms it
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 
@@ -38,12 +39,11 @@ def run(
     x0 = d._x0
     # The noise scale: redone after every point up to 128, then every 32 points.
     since, sig_now = d._since_noise, d._sigma
-    redo = []
-    for j in range(m):
-        since += 1
-        if since >= 32 or n0 + j + 1 <= 128:
-            since = 0
-            redo.append(j)
+    early = max(0, min(m, 128 - n0))  # points while the count is still <= 128
+    if early:
+        since = 0
+    redo = [*range(early), *range(early + 31 - since, m, 32)]
+    since = (since + m - early) % 32
     nb0 = list(d._noise_buf)
     z = np.concatenate((np.array(nb0), x))
     scales = robust_scales(z, len(nb0) + np.array(redo, dtype=np.int64) + 1, 128)
@@ -95,7 +95,8 @@ def run(
     # The state update leaves after the last point.
     d._n = n0 + m
     d._cx, d._cl = float(cx[-1]), float(cl[-1])
-    d._cum.extend(zip(cx.tolist(), cl.tolist(), strict=True))
+    keep = d._cum.maxlen or m  # only the last maxlen pairs stay
+    d._cum.extend(zip(cx[-keep:].tolist(), cl[-keep:].tolist(), strict=True))
     d._last5.extend(xl[-5:])
     d._noise_buf.extend(xl[-128:])
     d._sigma = float(sig_after[-1])
@@ -105,15 +106,15 @@ def run(
 
 def _all_bins(
     d: Stall, k: np.ndarray, ls: np.ndarray, xc: np.ndarray, sig: np.ndarray
-) -> list[list[float]]:
+) -> list[np.ndarray]:
     """Add every point to the octave test's bins (capped as ``_LongTest.clip`` caps it);
     return each point's bin sums just after it was added."""
     lt, bins = d._long, d._all_bins
     cut = np.flatnonzero(np.diff(k)) + 1
     bounds = [0, *cut.tolist(), k.size]
-    s0: list[float] = []
-    s1: list[float] = []
-    s2: list[float] = []
+    s0: list[np.ndarray] = []
+    s1: list[np.ndarray] = []
+    s2: list[np.ndarray] = []
     for a, b in itertools.pairwise(bounds):
         kk = int(k[a])
         if kk != lt.clip_k:
@@ -129,10 +130,10 @@ def _all_bins(
             c1 = np.cumsum(np.concatenate(([old[1]], val)))[1:]
             c2 = old[2] + np.arange(1, b - a + 1, dtype=float)
         bins[kk] = [float(c0[-1]), float(c1[-1]), float(c2[-1])]
-        s0 += c0.tolist()
-        s1 += c1.tolist()
-        s2 += c2.tolist()
-    return [s0, s1, s2]
+        s0.append(c0)
+        s1.append(c1)
+        s2.append(c2)
+    return [np.concatenate(s) for s in (s0, s1, s2)]
 
 
 class _Batch:
@@ -145,13 +146,14 @@ class _Batch:
         self.xl = xl
         self.k, self.sig = k, sig
         self.ls_l, self.k_l = ls.tolist(), k.tolist()
-        self.cur = [np.array(c) for c in cur]
-        self.cur_l = cur
+        self.cur = cur
         self.m = len(xl)
         n = n0 + 1 + np.arange(self.m)
         self.short = n >= d.min_points
         self.long = (n >= d.long_min_points) & d.long_test
         self.flushed = 0
+        self.ls, self.x = ls, np.asarray(xl, dtype=float)
+        self.pre_from: int | None = None  # where the running sums of _prefix start
 
     def window_test(self, w, ready, mean_a, mean_b, ls_start, dls, gap, zse) -> None:
         """The window test's figures of every point (decided by the values alone)."""
@@ -171,23 +173,61 @@ class _Batch:
                 self._flush(a)
                 out += self._loop(a, e)
                 self.flushed = e
+                self.pre_from = None  # flagged points were not learned
             a = e
         self._flush(self.m)
         return out
 
     def _flush(self, upto: int) -> None:
-        """Learn the points from ``flushed`` up to ``upto`` (a quiet chunk learns all), as
-        ``_learn`` adds them (a few dozen at a time: a plain loop is cheapest)."""
-        bins, k_l, ls_l, xl = self.d._bins, self.k_l, self.ls_l, self.xl
-        for j in range(self.flushed, upto):
-            b = bins.get(k_l[j])
-            if b is None:
-                bins[k_l[j]] = [ls_l[j], xl[j], 1.0]
+        """Learn the points from ``flushed`` up to ``upto`` as ``_learn`` adds them: each
+        bin touched gets its sums after the last of them, read from running sums of the
+        points from ``pre_from`` on (``_prefix``; a few bins per call, not a loop over
+        the points)."""
+        lo = self.flushed
+        if upto <= lo:
+            return
+        if self.pre_from is None:
+            self._prefix(lo)
+        bins, k_l, ends, off = self.d._bins, self.k_l, self.pre_ends, self.pre_from
+        p0, p1, p2 = self.pre
+        j = lo
+        while j < upto:
+            e = min(ends[bisect.bisect_right(ends, j)], upto)
+            r = e - 1 - off
+            bins[k_l[j]] = [float(p0[r]), float(p1[r]), float(p2[r])]
+            j = e
+        self.flushed = upto
+
+    def _prefix(self, start: int) -> None:
+        """Running sums of each bin from point ``start`` on, as ``_learn`` forms them if
+        every point from there is learned (true up to the next chunk run point by point,
+        which drops them): ``pre[i][j - start]`` is bin ``k[j]``'s sum ``i`` just after
+        point ``j``; ``pre_ends`` the ends of the runs of points in one bin."""
+        k, ls, x = self.k[start:], self.ls[start:], self.x[start:]
+        cut = np.flatnonzero(np.diff(k)) + 1
+        bounds = [0, *cut.tolist(), k.size]
+        bins, now = self.d._bins, {}
+        s0: list[np.ndarray] = []
+        s1: list[np.ndarray] = []
+        s2: list[np.ndarray] = []
+        for a, b in itertools.pairwise(bounds):
+            kk = self.k_l[start + a]
+            old = now[kk] if kk in now else bins.get(kk)
+            if old is None:
+                c0 = np.cumsum(ls[a:b])
+                c1 = np.cumsum(x[a:b])
+                c2 = np.arange(1, b - a + 1, dtype=float)
             else:
-                b[0] += ls_l[j]
-                b[1] += xl[j]
-                b[2] += 1.0
-        self.flushed = max(self.flushed, upto)
+                c0 = np.cumsum(np.concatenate(([old[0]], ls[a:b])))[1:]
+                c1 = np.cumsum(np.concatenate(([old[1]], x[a:b])))[1:]
+                c2 = old[2] + np.arange(1, b - a + 1, dtype=float)
+            now[kk] = (c0[-1], c1[-1], c2[-1])
+            s0.append(c0)
+            s1.append(c1)
+            s2.append(c2)
+        self.pre = [np.concatenate(c) for c in (s0, s1, s2)]
+        self.pre_ends = [start + b for b in bounds]
+        self.pre_from = start
 
     def _quiet(self, a: int, e: int) -> bool:
         """Run points a..e-1 at once if none of them is flagged (then every point is
@@ -317,7 +357,7 @@ class _Batch:
     def _loop(self, a: int, e: int) -> list:
         """Points a..e-1 one by one (a chunk where something is flagged)."""
         win = [v[a:e].tolist() for v in self.win]
-        cur = [c[a:e] for c in self.cur_l]
+        cur = [c[a:e].tolist() for c in self.cur]
         out = _loop_range(
             self.d, self.n0 + a, self.values[a:e], self.idx[a:e], self.xl[a:e],
             self.ls_l[a:e], self.k_l[a:e], self.sig[a:e].tolist(), cur, win,
