@@ -6,9 +6,15 @@ import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
-from runwatch.detect.base import Detector, Signal, check_lengths, check_number, guarded
+from runwatch.detect.base import (
+    Detector,
+    Signal,
+    check_lengths,
+    check_number,
+    guarded,
+    windows,
+)
 
 
 class Regression(Detector):
@@ -316,7 +322,7 @@ def _baselines(seq: np.ndarray, ends: np.ndarray, window: int) -> tuple[list[flo
     mads: list[float] = []
     full = ends >= window
     if full.any():
-        rows = np.sort(sliding_window_view(seq, window)[ends[full] - window], axis=1)
+        rows = np.sort(windows(seq, window)[ends[full] - window], axis=1)
         h = window // 2
         med = rows[:, h] if window % 2 else 0.5 * (rows[:, h - 1] + rows[:, h])
         dev = np.abs(rows - med[:, None])

@@ -6,7 +6,6 @@ import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from runwatch.detect.base import (
     Detector,
@@ -17,6 +16,7 @@ from runwatch.detect.base import (
     guarded,
     robust_scale,
     robust_scales,
+    windows,
 )
 from runwatch.detect.spikescore import SpikeScore
 
@@ -240,31 +240,33 @@ class Spike(Detector):
         bad = ~np.isfinite(seg)
         if self._log:
             bad |= seg <= 0
-        k = int(np.argmax(bad)) if bad.any() else seg.size
+        k = int(bad.argmax()) if bad.any() else seg.size
         if k == 0:
             return a
         x = logs[a : a + k] if self._log else seg[:k]
         buf = self._buf
         m = len(buf)
-        z_all = np.concatenate((np.asarray(buf, dtype=float), x))
+        z_all = np.concatenate((buf, x))
         cw = self.center_window
-        win = np.sort(sliding_window_view(z_all[m - cw : m + k - 1], cw), axis=1)
+        win = np.sort(windows(z_all[m - cw : m + k - 1], cw), axis=1)
         h = cw // 2
         center = win[:, h] if cw % 2 else 0.5 * (win[:, h - 1] + win[:, h])
         # Scale recomputations: after learning point j when the count since the last one
-        # reaches 8, over the last ``window`` learned values.
-        rec = np.arange(7 - self._since_scale, k, 8)
-        scales = [self._scale, *robust_scales(z_all, m + rec + 1, self.window)]
-        before = np.searchsorted(rec, np.arange(k), side="left")  # recomputes before j
-        scale = np.maximum(np.array(scales)[before], 1e-12)
+        # reaches 8 (j = r0, r0 + 8, ...), over the last ``window`` learned values; point
+        # j is tested with the scale of the recomputations before it, (j - r0 + 7) // 8.
+        r0 = 7 - self._since_scale
+        rec = np.arange(r0, k, 8)
+        scales = np.array([self._scale, *robust_scales(z_all, m + rec + 1, self.window)])
+        before = np.maximum(np.arange(k) - r0 + 7, 0) // 8
+        scale = np.maximum(scales[before], 1e-12)
         dev = x - center
         z = dev / scale
         hit = ~((z < self.threshold) | (dev < self.min_delta))
-        c = int(np.argmax(hit)) if hit.any() else k
+        c = int(hit.argmax()) if hit.any() else k
         # Move the state to just before point c: points a .. a+c-1 were learned.
         self._buf = z_all[max(0, m + c - self.window) : m + c].tolist()
         self._since_scale = (self._since_scale + c) % 8
-        self._scale = scales[int(np.searchsorted(rec, c, side="left"))]
+        self._scale = float(scales[max(c - r0 + 7, 0) // 8])
         return a + c
 
     def _signal(
