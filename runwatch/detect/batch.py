@@ -66,9 +66,7 @@ def feed_batch(
     n = steps.size
     if n == 0:
         return []
-    frame = {"metric": metric, **label_cols}
-    codes = pd.DataFrame(frame).groupby(list(frame), sort=False, dropna=False).ngroup()
-    codes = codes.to_numpy()
+    codes = _series_codes([metric, *label_cols.values()])
     order = np.argsort(codes, kind="stable")
     bounds = np.flatnonzero(np.diff(codes[order])) + 1
     groups = np.split(order, bounds)
@@ -122,6 +120,19 @@ def feed_batch(
     mon._n_points += n
     grown = [ep for ep, points in was_open if ep.details["points"] != points or not ep.is_open]
     return grown + ordered
+
+
+def _series_codes(cols: list[np.ndarray]) -> np.ndarray:
+    """A code per row, one per series: rows with equal values in every column (all
+    missing values alike) share it, as ``groupby(dropna=False)`` groups them. Each column
+    is hashed (``pd.factorize``, what groupby does after building a frame, which would
+    first turn the object columns into strings) and the codes folded column by column.
+    """
+    codes = pd.factorize(cols[0], use_na_sentinel=False)[0]
+    for col in cols[1:]:
+        c = pd.factorize(col, use_na_sentinel=False)[0]
+        codes = pd.factorize(codes * (int(c.max()) + 1) + c)[0]  # < n: cannot overflow
+    return codes
 
 
 def _clock_states(clock: LRClock) -> tuple[list[State], np.ndarray]:
