@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from runwatch.detect.fleet import fleet_anomalies
+from runwatch.detect.fleet import run_fleet_anomalies
 from runwatch.detect.monitor import Monitor
-from runwatch.detect.replay import analyze_frame
+from runwatch.detect.replay import replay, replay_input
 from runwatch.detect.roles import role_of
 from runwatch.expect.forecast import Forecast, forecast
 from runwatch.expect.reference import ReferenceCurve
@@ -71,16 +71,22 @@ def analyze_run(
             store, reference, run, monitor.config, _loss_metrics(points, monitor.config), align
         )
     replayed = lambda done: tell("replaying", done, n)  # noqa: E731
-    anomalies = analyze_frame(points, events, monitor=monitor, progress=replayed)
+    losses = _loss_metrics(points, monitor.config)
+    # The replay's arrays are all it needs of the frame: freeing the frame first keeps
+    # one copy of the run's points in memory, not two, while the detectors work.
+    arrays = replay_input(points)
+    del points
+    anomalies = replay(arrays, events, monitor=monitor, progress=replayed)
+    del arrays
     tell("cross-rank checks", n, n)
     # Cross-rank detectors (stragglers, hangs, hardware) see every attempt: the ranks that
-    # were behind when a hang struck are in the attempt its restart superseded.
-    everything = store.read_points(run, all_attempts=True)
-    anomalies += fleet_anomalies(everything, events, monitor.config)
+    # were behind when a hang struck are in the attempt its restart superseded. Only the
+    # series they use are read again.
+    anomalies += run_fleet_anomalies(store, run, events, monitor.config)
     if save:
         tell("storing", n, n)
         store.save_anomalies(store.run_id(run), "replay", anomalies, replace=True)
-        for metric in _loss_metrics(points, monitor.config):
+        for metric in losses:
             try:
                 ref = reference if metric in monitor.references else None
                 forecast_run(store, run, metric, reference=ref, align=align)

@@ -237,6 +237,49 @@ def fleet_anomalies(
     fm = monitor if monitor is not None else FleetMonitor(config)
     if points is None or len(points) == 0:
         return []
+    return _replay(fm, points, events, now)
+
+
+def fleet_metrics(series: pd.DataFrame, config: Mapping[str, str] | None = None) -> list[str]:
+    """The metrics of a run's series catalogue (``Store.series``) that the fleet detectors
+    read: ``gpu_*`` ones, and step-time ones that have a series with a ``rank`` label.
+
+    >>> cat = pd.DataFrame({"metric": ["loss", "step_time", "step_time", "gpu_temp_c"],
+    ...                     "rank": [None, None, 3, None]})
+    >>> fleet_metrics(cat)
+    ['gpu_temp_c', 'step_time']
+    """
+    metrics = series["metric"].astype(str)
+    ranked = set(metrics[series["rank"].notna()]) if "rank" in series.columns else set()
+    wanted = {m for m in metrics if m.startswith("gpu_")}
+    wanted |= {m for m in ranked if role_of(m, config) == "step_time"}
+    return sorted(wanted)
+
+
+def run_fleet_anomalies(
+    store: Any,
+    run: str,
+    events: pd.DataFrame | None = None,
+    config: Mapping[str, str] | None = None,
+) -> list[Anomaly]:
+    """:func:`fleet_anomalies` over a stored run (every attempt), reading only the series
+    the fleet detectors use (:func:`fleet_metrics`) - on most runs a small part of them.
+
+    The result is that of ``fleet_anomalies(store.read_points(run, all_attempts=True),
+    events, config)``: a run with points has its events replayed (XIDs, restarts) even
+    when none of its series is a fleet one.
+    """
+    catalogue = store.series(run)
+    if int(catalogue["points"].sum()) == 0:
+        return []
+    wanted = fleet_metrics(catalogue, config)
+    points = store.read_points(run, wanted, all_attempts=True)
+    return _replay(FleetMonitor(config), points, events, None)
+
+
+def _replay(
+    fm: FleetMonitor, points: pd.DataFrame, events: pd.DataFrame | None, now: float | None
+) -> list[Anomaly]:
     evs = _event_list(events)
     timeline: list[tuple[float, int, Any]] = [(e.time, 0, e) for e in evs]
     has_rank = "rank" in points.columns

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -27,11 +28,70 @@ def _label_value(v):
     return v
 
 
-def _batch(mon, metric, points, order, label_cols, step_arr, value, progress) -> bool:
+def _batch(mon: Monitor, points: ReplayInput, progress: Callable[[int], None] | None) -> bool:
     from runwatch.detect.batch import replay_batch
 
-    cols = {k: points[k].to_numpy(dtype=object)[order] for k in label_cols}
-    return replay_batch(mon, metric, cols, step_arr, value, progress)
+    return replay_batch(mon, points.metric, points.labels, points.steps, points.values, progress)
+
+
+def _objects(column: pd.Series, order: np.ndarray | None) -> np.ndarray:
+    """``column.to_numpy(dtype=object)[order]``, with one Python object per distinct value.
+
+    Converting a string or number column row by row makes one Python object per row
+    (~60 bytes each: 180 MB for a 3M-point run's metric names); taking the few distinct
+    values by code makes only pointers to them. An object column is taken as it is.
+    """
+    if column.dtype == object:
+        return _take(column.to_numpy(), order)
+    codes, uniques = pd.factorize(column, use_na_sentinel=False)
+    return np.asarray(uniques, dtype=object)[_take(codes, order)]
+
+
+def _take(values: np.ndarray, order: np.ndarray | None) -> np.ndarray:
+    return values if order is None else values[order]
+
+
+@dataclass
+class ReplayInput:
+    """A frame's points as replay takes them: arrays in replay order (stable by step).
+
+    Only the label columns with a value anywhere are kept: an all-empty column labels
+    nothing (every label normalises to None). Holding these instead of the frame lets a
+    caller free the frame before the replay (``runwatch analyze`` on a big run).
+    """
+
+    metric: np.ndarray
+    labels: dict[str, np.ndarray]
+    steps: np.ndarray
+    values: np.ndarray
+    times: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+def replay_input(points: pd.DataFrame) -> ReplayInput:
+    """The arrays :func:`replay` takes, from a frame as :func:`analyze_frame` takes it."""
+    n = len(points)
+    if n == 0:
+        empty = np.array([], dtype=object)
+        return ReplayInput(empty, {}, np.array([], dtype=np.int64), np.array([]), np.array([]))
+    steps = points["step"].to_numpy()
+    # A store's frame is in step order already: then the columns are used as they are.
+    in_order = n < 2 or bool(np.all(steps[1:] >= steps[:-1]))
+    order = None if in_order else np.argsort(steps, kind="stable")
+    label_cols = [k for k in LABEL_KEYS if k in points.columns and not points[k].isna().all()]
+    return ReplayInput(
+        metric=_objects(points["metric"], order),
+        labels={k: _objects(points[k], order) for k in label_cols},
+        steps=_take(steps, order).astype(np.int64, copy=False),
+        values=_take(points["value"].to_numpy(dtype=float), order),
+        times=(
+            _take(points["time"].to_numpy(dtype=float), order)
+            if "time" in points.columns
+            else np.full(n, np.nan)
+        ),
+    )
 
 
 PROGRESS_EVERY = 65_536
@@ -83,28 +143,35 @@ def analyze_frame(
     >>> [(a.detector, a.start_step, a.severity) for a in analyze_frame(pts)]
     [('nonfinite', 1, 'critical')]
     """
+    return replay(
+        replay_input(points), events, config, monitor=monitor, fast=fast, progress=progress
+    )
+
+
+def replay(
+    points: ReplayInput,
+    events: pd.DataFrame | None = None,
+    config: dict | None = None,
+    *,
+    monitor: Monitor | None = None,
+    fast: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> list[Anomaly]:
+    """:func:`analyze_frame` on arrays made by :func:`replay_input`."""
     mon = monitor if monitor is not None else Monitor(config)
     n = len(points)
     if n == 0:
         return []
-    steps = points["step"].to_numpy()
-    order = np.argsort(steps, kind="stable")
-    metric = points["metric"].to_numpy(dtype=object)[order]
-    step_arr = steps[order].astype(np.int64)
-    value = points["value"].to_numpy(dtype=float)[order]
-    time_arr = (
-        points["time"].to_numpy(dtype=float)[order]
-        if "time" in points.columns
-        else np.full(n, np.nan)
-    )
-    label_cols = [k for k in LABEL_KEYS if k in points.columns]
-    if fast and _batch(mon, metric, points, order, label_cols, step_arr, value, progress):
+    metric, step_arr, value = points.metric, points.steps, points.values
+    if fast and _batch(mon, points, progress):
         # Events cannot change a replay in step order (steps never go back), so the batch
         # path ignores them; see runwatch.detect.batch.
         mon.finish()
         return mon.anomalies
+    label_cols = list(points.labels)
+    time_arr = points.times
     if label_cols:
-        cols = [points[k].to_numpy(dtype=object)[order] for k in label_cols]
+        cols = [points.labels[k] for k in label_cols]
         labels = [
             {k: v for k, v in zip(label_cols, vals, strict=True) if _label_value(v) is not None}
             for vals in zip(*cols, strict=True)

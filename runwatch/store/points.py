@@ -183,6 +183,70 @@ def read_summarized(
     return read_blocks(conn, [series_id], start, end, summaries=True)
 
 
+def read_arrays(
+    conn: sqlite3.Connection,
+    series_ids: Iterable[int],
+    start: int | None = None,
+    end: int | None = None,
+    *,
+    summaries: bool = False,
+    attempt: int | None = None,
+) -> dict[str, np.ndarray]:
+    """:func:`read_blocks` as NumPy arrays (series_id, step, time, value, attempt).
+
+    Each column is decoded straight into one array, so a 3M-point read holds the points
+    once, not once per block and again in a frame.
+    """
+    ids = list(series_ids)
+    if not ids:
+        return _empty_arrays()
+    marks = ",".join("?" * len(ids))
+    # With summaries, a sealed block is read as its extremes (see summarize_block).
+    blob = "CASE WHEN sealed = 1 THEN summary ELSE data END" if summaries else "data"
+    sql = f"SELECT series_id, attempt, n, {blob} FROM point_blocks WHERE series_id IN ({marks})"
+    params: list[int] = list(ids)
+    if start is not None:
+        sql += " AND max_step >= ?"
+        params.append(int(start))
+    if end is not None:
+        sql += " AND min_step <= ?"
+        params.append(int(end))
+    if attempt is not None:
+        sql += " AND attempt = ?"
+        params.append(int(attempt))
+    rows = conn.execute(sql + " ORDER BY id", params).fetchall()
+    if summaries:  # a summary holds fewer points than the block's n
+        decoded = [(sid, att, decode_block(b)) for sid, att, _, b in rows]
+        rows = [(sid, att, len(d[0]), d) for sid, att, d in decoded]
+    total = sum(r[2] for r in rows)
+    out = {
+        "series_id": np.empty(total, dtype=np.int64),
+        "step": np.empty(total, dtype=np.int64),
+        "time": np.empty(total, dtype=np.float64),
+        "value": np.empty(total, dtype=np.float64),
+        "attempt": np.empty(total, dtype=np.int64),
+    }
+    at = 0
+    for series_id, block_attempt, _, blob in rows:
+        steps, times, values = blob if summaries else decode_block(blob)
+        hi = at + len(steps)
+        out["step"][at:hi] = steps
+        out["time"][at:hi] = times
+        out["value"][at:hi] = values
+        out["series_id"][at:hi] = series_id
+        out["attempt"][at:hi] = block_attempt
+        at = hi
+    if at != total:  # pragma: no cover - a block whose n disagrees with its data
+        out = {k: v[:at] for k, v in out.items()}
+    if start is not None or end is not None:
+        lo = -np.inf if start is None else start
+        hi_ = np.inf if end is None else end
+        inside = (out["step"] >= lo) & (out["step"] <= hi_)
+        if not inside.all():
+            out = {k: v[inside] for k, v in out.items()}
+    return out
+
+
 def read_blocks(
     conn: sqlite3.Connection,
     series_ids: Iterable[int],
@@ -197,60 +261,22 @@ def read_blocks(
     ``summaries=True`` reads sealed blocks as their summaries (callers check they exist).
     ``attempt`` reads only that attempt's blocks (the others are not decoded).
     """
-    ids = list(series_ids)
-    if not ids:
-        return empty_points()
-    marks = ",".join("?" * len(ids))
-    # With summaries, a sealed block is read as its extremes (see summarize_block).
-    blob = "CASE WHEN sealed = 1 THEN summary ELSE data END" if summaries else "data"
-    sql = f"SELECT series_id, attempt, {blob} FROM point_blocks WHERE series_id IN ({marks})"
-    params: list[int] = list(ids)
-    if start is not None:
-        sql += " AND max_step >= ?"
-        params.append(int(start))
-    if end is not None:
-        sql += " AND min_step <= ?"
-        params.append(int(end))
-    if attempt is not None:
-        sql += " AND attempt = ?"
-        params.append(int(attempt))
-    sql += " ORDER BY id"
-    parts_sid, parts_att, parts_step, parts_time, parts_value = [], [], [], [], []
-    for series_id, block_attempt, blob in conn.execute(sql, params):
-        steps, times, values = decode_block(blob)
-        parts_step.append(steps)
-        parts_time.append(times)
-        parts_value.append(values)
-        parts_sid.append(np.full(len(steps), series_id, dtype=np.int64))
-        parts_att.append(np.full(len(steps), block_attempt, dtype=np.int64))
-    if not parts_step:
-        return empty_points()
-    frame = pd.DataFrame(
-        {
-            "series_id": np.concatenate(parts_sid),
-            "step": np.concatenate(parts_step),
-            "time": np.concatenate(parts_time),
-            "value": np.concatenate(parts_value),
-            "attempt": np.concatenate(parts_att),
-        }
-    )
-    if start is not None or end is not None:
-        lo = -np.inf if start is None else start
-        hi = np.inf if end is None else end
-        frame = frame[(frame["step"] >= lo) & (frame["step"] <= hi)]
-    return frame.reset_index(drop=True)
+    arrays = read_arrays(conn, series_ids, start, end, summaries=summaries, attempt=attempt)
+    return pd.DataFrame(arrays, copy=False)
+
+
+def _empty_arrays() -> dict[str, np.ndarray]:
+    return {
+        "series_id": np.array([], dtype=np.int64),
+        "step": np.array([], dtype=np.int64),
+        "time": np.array([], dtype=np.float64),
+        "value": np.array([], dtype=np.float64),
+        "attempt": np.array([], dtype=np.int64),
+    }
 
 
 def empty_points() -> pd.DataFrame:
-    return pd.DataFrame(
-        {
-            "series_id": np.array([], dtype=np.int64),
-            "step": np.array([], dtype=np.int64),
-            "time": np.array([], dtype=np.float64),
-            "value": np.array([], dtype=np.float64),
-            "attempt": np.array([], dtype=np.int64),
-        }
-    )
+    return pd.DataFrame(_empty_arrays())
 
 
 def mark_superseded(points: pd.DataFrame, attempt_starts: dict[int, int | None]) -> pd.Series:
@@ -262,9 +288,22 @@ def mark_superseded(points: pd.DataFrame, attempt_starts: dict[int, int | None])
     >>> mark_superseded(pts, {1: 1, 2: 2}).tolist()
     [False, True, True, False, False]
     """
+    mask = superseded_mask(points["step"].to_numpy(), points["attempt"].to_numpy(), attempt_starts)
+    return pd.Series(mask, index=points.index)
+
+
+def superseded_mask(
+    steps: np.ndarray, attempts: np.ndarray, attempt_starts: dict[int, int | None]
+) -> np.ndarray:
+    """:func:`mark_superseded` on arrays: True where a later attempt redid the step."""
     cutoff = attempt_cutoffs(attempt_starts)
-    limits = points["attempt"].map(cutoff).fillna(np.inf).to_numpy(dtype=np.float64)
-    return pd.Series(points["step"].to_numpy() >= limits, index=points.index)
+    if len(cutoff) == 0 or all(c == np.inf for c in cutoff.values()):
+        return np.zeros(len(steps), dtype=bool)
+    known = np.array(sorted(cutoff), dtype=np.int64)
+    limits = np.append(np.array([cutoff[a] for a in known.tolist()]), np.inf)
+    at = np.searchsorted(known, attempts)
+    at[(at < len(known)) & (known[np.minimum(at, len(known) - 1)] != attempts)] = len(known)
+    return steps >= limits[at]
 
 
 def attempt_cutoffs(attempt_starts: dict[int, int | None]) -> dict[int, float]:
@@ -290,3 +329,33 @@ def latest_points(points: pd.DataFrame, attempt_starts: dict[int, int | None]) -
     keys = ["series_id", "step"] if "series_id" in live.columns else ["step"]
     live = live.drop_duplicates(subset=keys, keep="last")
     return live.sort_values(keys, kind="stable").reset_index(drop=True)
+
+
+def live_order(points: dict[str, np.ndarray], attempt_starts: dict[int, int | None]) -> np.ndarray:
+    """Positions of the points a reader should see (as :func:`latest_points`), in the order
+    of a live run: by step, then series id.
+
+    One stable sort by (step, series_id) puts a repeated step's points of a series side by
+    side in the order they were written, so the last of each run of equal keys is the one
+    that stays - no second sort or hash table over the points.
+
+    >>> pts = {"series_id": np.array([1, 1, 2, 1, 1]), "step": np.array([0, 1, 0, 1, 2]),
+    ...        "attempt": np.array([1, 1, 1, 2, 2])}
+    >>> live_order(pts, {1: 0, 2: 1}).tolist()
+    [0, 2, 3, 4]
+    """
+    steps, sids, attempts = points["step"], points["series_id"], points["attempt"]
+    if len(steps) == 0 or (
+        bool(np.all(attempts == attempts[0])) and bool(np.all(steps[1:] > steps[:-1]))
+    ):
+        return np.arange(len(steps))  # one attempt, strictly increasing: as read
+    keep = ~superseded_mask(steps, attempts, attempt_starts)
+    if keep.all():
+        order = np.lexsort((sids, steps))
+    else:
+        live = np.flatnonzero(keep)
+        order = live[np.lexsort((sids[live], steps[live]))]
+    s, i = steps[order], sids[order]
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = (s[1:] != s[:-1]) | (i[1:] != i[:-1])
+    return order if last.all() else order[last]

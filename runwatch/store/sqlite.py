@@ -37,8 +37,11 @@ from runwatch.store.points import (
     attempt_cutoffs,
     empty_points,
     latest_points,
+    live_order,
     mark_superseded,
+    read_arrays,
     read_summarized,
+    superseded_mask,
 )
 from runwatch.store.points import read_blocks as _read_blocks
 from runwatch.store.schema import migrate
@@ -46,6 +49,7 @@ from runwatch.store.schema import migrate
 log = logging.getLogger("runwatch.store")
 
 DEFAULT_STORE = "runwatch.db"
+SERIES_COLUMNS = ("metric", *LABEL_KEYS)
 MIGRATION_WAIT_S = 30.0
 
 
@@ -527,19 +531,25 @@ class Store(JudgementTables, OutboxTables, IngestTables):
         if metrics is not None:
             catalogue = catalogue[catalogue["metric"].isin(list(metrics))]
         with self._lock:
-            raw = _read_blocks(self._conn, catalogue["series_id"].tolist(), start, end)
+            raw = read_arrays(self._conn, catalogue["series_id"].tolist(), start, end)
             starts = self._attempt_starts(run_id)
-        columns = ["metric", *LABEL_KEYS, "step", "time", "value", "attempt"]
+        # Built column by column from the arrays, each taken once in the final order: a
+        # merge and a sort over the long frame would copy all of it three times over.
         if all_attempts:
-            points = raw.assign(superseded=mark_superseded(raw, starts))
-            order = ["attempt", "step", "series_id"]
-            columns.append("superseded")
+            order = np.lexsort((raw["series_id"], raw["step"], raw["attempt"]))
         else:
-            points = latest_points(raw, starts)
-            order = ["step", "series_id"]
-        merged = points.merge(catalogue.drop(columns="points"), on="series_id", how="left")
-        merged = merged.sort_values(order, kind="stable")
-        return merged[columns].reset_index(drop=True)
+            order = live_order(raw, starts)
+        sids = raw.pop("series_id")[order]
+        catalogue = catalogue.drop(columns="points").reset_index(drop=True)
+        where = pd.Index(catalogue["series_id"]).get_indexer(sids)
+        frame = {c: catalogue[c].take(where).reset_index(drop=True) for c in SERIES_COLUMNS}
+        if all_attempts:
+            superseded = superseded_mask(raw["step"], raw["attempt"], starts)[order]
+        for c in ("step", "time", "value", "attempt"):
+            frame[c] = raw.pop(c)[order]
+        if all_attempts:
+            frame["superseded"] = superseded
+        return pd.DataFrame(frame, copy=False)
 
     # -- events ------------------------------------------------------------------------------
     def events(self, run: str | int, kinds: Sequence[str] | None = None) -> pd.DataFrame:
