@@ -323,12 +323,25 @@ def latest_points(points: pd.DataFrame, attempt_starts: dict[int, int | None]) -
     if points.empty:
         return points
     steps = points["step"].to_numpy()
-    if points["attempt"].nunique() == 1 and bool(np.all(steps[1:] > steps[:-1])):
-        return points.reset_index(drop=True)  # one attempt, strictly increasing: as read
+    attempts = points["attempt"].to_numpy()
+    if _as_read(steps, attempts, attempt_starts):
+        return points.reset_index(drop=True)
     live = points[~mark_superseded(points, attempt_starts)]
     keys = ["series_id", "step"] if "series_id" in live.columns else ["step"]
     live = live.drop_duplicates(subset=keys, keep="last")
     return live.sort_values(keys, kind="stable").reset_index(drop=True)
+
+
+def _as_read(
+    steps: np.ndarray, attempts: np.ndarray, attempt_starts: dict[int, int | None]
+) -> bool:
+    """Whether the points are already what a reader should see: one attempt, steps strictly
+    increasing, and no later attempt that started (a restart supersedes the steps after
+    its start in every series, also in one the new attempt has not logged yet)."""
+    if not (bool(np.all(attempts == attempts[0])) and bool(np.all(steps[1:] > steps[:-1]))):
+        return False
+    first = int(attempts[0])
+    return not any(a > first and start is not None for a, start in attempt_starts.items())
 
 
 def live_order(points: dict[str, np.ndarray], attempt_starts: dict[int, int | None]) -> np.ndarray:
@@ -345,10 +358,8 @@ def live_order(points: dict[str, np.ndarray], attempt_starts: dict[int, int | No
     [0, 2, 3, 4]
     """
     steps, sids, attempts = points["step"], points["series_id"], points["attempt"]
-    if len(steps) == 0 or (
-        bool(np.all(attempts == attempts[0])) and bool(np.all(steps[1:] > steps[:-1]))
-    ):
-        return np.arange(len(steps))  # one attempt, strictly increasing: as read
+    if len(steps) == 0 or _as_read(steps, attempts, attempt_starts):
+        return np.arange(len(steps))
     keep = ~superseded_mask(steps, attempts, attempt_starts)
     if keep.all():
         order = np.lexsort((sids, steps))

@@ -138,3 +138,22 @@ def test_the_cross_rank_read_finds_what_reading_every_series_finds(db_path):
         narrowed = run_fleet_anomalies(store, "r", events)
     assert {a.detector for a in everything} >= {"straggler"}
     assert [asdict(a) for a in narrowed] == [asdict(a) for a in everything]
+
+
+def test_a_restart_supersedes_its_steps_in_a_series_it_has_not_logged_yet(tmp_path):
+    """Attempt 2 restarted from step 6 and so far logged grad_norm only: attempt 1's loss
+    at steps 6-10 is lost work too, however the loss is read."""
+    with open_store(str(tmp_path / "r.db")) as store:
+        run_id, first = store.start_run("r", now=0.0)
+        loss, grad = store.series_id(run_id, "loss"), store.series_id(run_id, "grad_norm")
+        steps = np.arange(1, 11, dtype=np.int64)
+        store.write(run_id, first, {sid: (steps, steps * 1.0, steps * 0.1) for sid in (loss, grad)})
+        second = store.begin_attempt(run_id, 6, "restart", now=20.0)
+        redo = np.arange(6, 9, dtype=np.int64)
+        store.write(run_id, second, {grad: (redo, redo + 20.0, redo * 0.3)})
+        everything = store.read_points("r")
+        assert everything[everything["metric"] == "loss"]["step"].tolist() == [1, 2, 3, 4, 5]
+        assert store.read_points("r", metrics=["loss"])["step"].tolist() == [1, 2, 3, 4, 5]
+        assert store.read_series("r", "loss")["step"].tolist() == [1, 2, 3, 4, 5]
+        lost = store.read_series("r", "loss", all_attempts=True)
+        assert lost[lost["superseded"]]["step"].tolist() == [6, 7, 8, 9, 10]
