@@ -270,6 +270,9 @@ class Stall(LRAware, Detector):
                 tail,
             )
             return out + [(i + 1 + k, s) for k, s in rest]
+        if fin.all():  # the usual case: no copies
+            s1_l = None if s1 is None else s1.tolist()
+            return stall_batch.run(self, steps, values, range(len(values)), s1_l)
         idx = np.flatnonzero(fin).tolist()
         if not idx:
             return out

@@ -16,15 +16,20 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
-from runwatch.detect.base import Signal, robust_scales, running_medians
+from runwatch.detect.base import Signal, robust_scales, running_medians, windows
 from runwatch.detect.stall import _LN2, Stall, _scatter
 
 
 def run(
-    d: Stall, steps: list[int], values: list[float], idx: list[int], s1: list[float] | None
+    d: Stall,
+    steps: Sequence[int],
+    values: Sequence[float],
+    idx: Sequence[int],
+    s1: list[float] | None,
 ) -> list:
     """Feed finite points (all judged in the same space, all measured by step or all by
     summed LR ``s1``) to ``d``; return ``(index, signal)`` for the flagged, ``index``
@@ -292,18 +297,14 @@ class _Batch:
         d_exp = -sl[ok] * self.dls[el]
         d_obs = self.d_obs[el]
         w = self.w
-        resid = d._resid
         samples: list[int] = []
-        scales = [d._resid_scale]
+        w_el = w[el].tolist()
         u = max(d._resid_age, 1) - 1
         while u < el.size:
-            resid.append(float(d_obs[u]) - float(d_exp[u]))
-            if len(resid) >= 8:
-                d._resid_scale = _scatter(resid)
             samples.append(u)
-            scales.append(d._resid_scale)
-            u += max(int(w[el[u]]) // 4, 1)
+            u += max(w_el[u] // 4, 1)
         d._resid_age = u - (el.size - 1) if samples else d._resid_age - el.size
+        scales = [d._resid_scale, *_scatters(d, (d_obs[samples] - d_exp[samples]).tolist())]
         before = np.searchsorted(np.array(samples, dtype=np.int64), np.arange(el.size))
         rs = np.array(scales)[before]  # the scale a point is tested with: before its sample
         need = np.maximum(np.maximum(self.zse[el], d.z_resid * rs), d.min_fall)
@@ -363,6 +364,32 @@ class _Batch:
             self.ls_l[a:e], self.k_l[a:e], self.sig[a:e].tolist(), cur, win,
         )  # fmt: skip
         return out
+
+
+def _scatters(d: Stall, new: list[float]) -> list[float]:
+    """Append ``new`` to the window test's samples of its statistic; return its scatter
+    (``_scatter``, kept from 8 samples on) after each, the full windows of 64 sorted by
+    numpy (the same order statistics of the same values)."""
+    resid = d._resid
+    seq = [*resid, *new]
+    size = resid.maxlen or len(seq)
+    out: list[float] = []
+    first = len(resid) + 1  # samples held after the first of ``new``
+    short = min(len(new), max(0, size - first + 1))  # appends before the window is full
+    for i in range(short):
+        n = first + i
+        if n >= 8:
+            d._resid_scale = _scatter(seq[:n])
+        out.append(d._resid_scale)
+    if short < len(new):
+        ends = np.arange(first + short, len(seq) + 1)
+        rows = np.sort(windows(np.array(seq), size)[ends - size], axis=1)
+        h = size // 2
+        dev = np.partition(np.abs(rows - rows[:, h : h + 1]), h, axis=1)[:, h]
+        out += (1.4826 * dev).tolist()
+        d._resid_scale = out[-1]
+    resid.extend(new)
+    return out
 
 
 def _loop_range(d: Stall, n0, values, idx, xl, ls_l, k_l, sig_l, cur, win) -> list:
