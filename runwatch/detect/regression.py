@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Sequence
 
@@ -234,11 +235,21 @@ class Regression(Detector):
             if not bad.size:
                 break
             learn[bad[0] :] = now[bad[0] :]
-        zc = np.minimum(np.maximum(z, -self.clip), self.clip).tolist()
+        zca = np.minimum(np.maximum(z, -self.clip), self.clip)
+        zc = zca.tolist()
         cus = self._cusum
         k, h = self.k, self.h
-        c = 0
+        # From a CUSUM of 0, a point with zc <= k leaves it at 0 (0 + zc - k <= 0, and
+        # max(0.0, NaN) is 0.0 too): only the points above k need the loop then.
+        lift = np.flatnonzero(zca > k).tolist()
+        lift.append(n)
+        r = c = 0
         while c < n:
+            if cus == 0.0:
+                r = bisect.bisect_left(lift, c, r)
+                c = lift[r]
+                if c == n:
+                    break
             nxt = max(0.0, cus + zc[c] - k)
             if nxt > h:
                 break
@@ -256,7 +267,7 @@ class Regression(Detector):
             self._buf = seq[max(0, m + nl - self.window) :].tolist()
         self._since = (self._since + nl) % 8
         r = int(np.searchsorted(pos, c, side="left"))  # refreshes before point c
-        self._center, self._scale = centers[r], scales[r]
+        self._center, self._scale = float(centers[r]), float(scales[r])
         return a + c
 
     def _zscores(self, d: np.ndarray, learn: np.ndarray):
@@ -270,13 +281,12 @@ class Regression(Detector):
         # reaches 8, over the last ``window`` learned points.
         rec = np.arange(7 - self._since, int(learn.sum()), 8)
         pos = np.flatnonzero(learn)[rec]
-        centers = [self._center]
-        scales = [self._scale]
-        for c, sc in zip(*_baselines(seq, m + rec + 1, self.window), strict=True):
-            centers.append(c)
-            scales.append(max(1.4826 * sc, self.min_scale))
+        meds, mads = _baselines(seq, m + rec + 1, self.window)
+        centers = np.concatenate(([self._center], meds))
+        # max(1.4826 * mad, min_scale) for each (a MAD is >= 0: no signed zero to differ)
+        scales = np.concatenate(([self._scale], np.maximum(1.4826 * mads, self.min_scale)))
         before = np.searchsorted(pos, np.arange(d.size), side="left")
-        z = (d - np.array(centers)[before]) / np.array(scales)[before]
+        z = (d - centers[before]) / scales[before]
         return z, centers, scales, pos
 
     def _signal(self, value: float, change: float) -> Signal:
@@ -315,7 +325,7 @@ class Regression(Detector):
         return 3.0 * self._scale
 
 
-def _baselines(seq: np.ndarray, ends: np.ndarray, window: int) -> tuple[list[float], list[float]]:
+def _baselines(seq: np.ndarray, ends: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
     """Median and MAD (unscaled) of ``seq[max(0, e - window):e]`` for each end ``e``, as
     ``Regression._refresh`` forms them: the same order statistics of the same values."""
     meds: list[float] = []
@@ -331,6 +341,8 @@ def _baselines(seq: np.ndarray, ends: np.ndarray, window: int) -> tuple[list[flo
         else:
             part = np.partition(dev, (h - 1, h), axis=1)
             mad = 0.5 * (part[:, h - 1] + part[:, h])
+        if full.all():
+            return med, mad
         it = iter(zip(med.tolist(), mad.tolist(), strict=True))
     for e, f in zip(ends.tolist(), full.tolist(), strict=True):
         if f:
@@ -339,7 +351,7 @@ def _baselines(seq: np.ndarray, ends: np.ndarray, window: int) -> tuple[list[flo
             md, sc = _median_mad(seq[:e].tolist())  # fewer than ``window`` learned yet
         meds.append(md)
         mads.append(sc)
-    return meds, mads
+    return np.array(meds, dtype=float), np.array(mads, dtype=float)
 
 
 def _median_mad(vals: list[float]) -> tuple[float, float]:
