@@ -121,15 +121,17 @@ def _residuals(pts: Points, p: list[float]) -> tuple[list[float], list[float], l
     """The weighted residuals at parameters ``p`` = (E, A, α, s0), with each point's
     (x + s0) and its power (the Jacobian at an accepted step reuses them)."""
     e, a, alpha, s0 = p
+    neg = -alpha
     base = [x + s0 for x, _, _ in pts]  # > 0: x >= 0 and s0 >= 1e-6
-    pw = [b**-alpha for b in base]
+    pw = [b**neg for b in base]
     r = [sw * (e + a * q - y) for (_, y, sw), q in zip(pts, pw, strict=True)]
     return r, base, pw
 
 
 def _soft_l1(r: list[float], f2: float) -> float:
     """scipy's soft-L1 cost: 0.5·Σ f²·2(√(1 + r²/f²) − 1)."""
-    return f2 * sum(math.sqrt(1.0 + x * x / f2) - 1.0 for x in r)
+    sqrt = math.sqrt
+    return f2 * sum([sqrt(1.0 + x * x / f2) - 1.0 for x in r])
 
 
 def _normal_equations(
@@ -139,15 +141,17 @@ def _normal_equations(
     (for soft-L1: ρ' = (1 + r²/f²)^-1/2, ρ' + 2r²ρ'' = (1 + r²/f²)^-3/2), with the
     analytic Jacobian of the weighted residuals."""
     a, alpha = p[1], p[2]
+    neg_a = -a
+    sqrt, log = math.sqrt, math.log
     g0 = g1 = g2 = g3 = 0.0
     h00 = h01 = h02 = h03 = h11 = h12 = h13 = h22 = h23 = h33 = 0.0
     for (_, _, j0), ri, b, q in zip(pts, r, base, pw, strict=True):
         j1 = j0 * q  # the Jacobian's row: d r / d (E, A, alpha, s0)
-        t = -a * j1
-        j2 = t * math.log(b)
+        t = neg_a * j1
+        j2 = t * log(b)
         j3 = t * alpha / b
         u = 1.0 + ri * ri / f2
-        su = math.sqrt(u)
+        su = sqrt(u)
         gw = ri / su
         g0 += j0 * gw
         g1 += j1 * gw
@@ -172,6 +176,86 @@ def _normal_equations(
         [h03, h13, h23, h33],
     ]
     return [g0, g1, g2, g3], h
+
+
+def _damped_solve(
+    h: list[list[float]], dh: list[float], lam: float, v: list[float]
+) -> list[float] | None:
+    """``(h + lam·diag(dh))⁻¹·v``: the Levenberg-Marquardt step's system, solved by
+    ``_lin_solve``; the 4×4 and 3×3 systems (no parameter, or one, held on a bound: most
+    steps) are written out, with the loop's operations in the loop's order, so they give
+    the same floats without copying ``h``."""
+    n = len(v)
+    if n == 4:
+        (m00, _, _, _), (m10, m11, _, _), (m20, m21, m22, _), (m30, m31, m32, m33) = h
+        d0, d1, d2, d3 = dh
+        m00 += lam * d0
+        m11 += lam * d1
+        m22 += lam * d2
+        m33 += lam * d3
+        if not m00 > 0.0:
+            return None
+        l00 = math.sqrt(m00)
+        l10 = m10 / l00
+        t = m11 - l10 * l10
+        if not t > 0.0:
+            return None
+        l11 = math.sqrt(t)
+        l20 = m20 / l00
+        l21 = (m21 - l20 * l10) / l11
+        t = m22 - l20 * l20 - l21 * l21
+        if not t > 0.0:
+            return None
+        l22 = math.sqrt(t)
+        l30 = m30 / l00
+        l31 = (m31 - l30 * l10) / l11
+        l32 = (m32 - l30 * l20 - l31 * l21) / l22
+        t = m33 - l30 * l30 - l31 * l31 - l32 * l32
+        if not t > 0.0:
+            return None
+        l33 = math.sqrt(t)
+        v0, v1, v2, v3 = v
+        z0 = v0 / l00  # low·z = v
+        z1 = (v1 - l10 * z0) / l11
+        z2 = (v2 - l20 * z0 - l21 * z1) / l22
+        z3 = (v3 - l30 * z0 - l31 * z1 - l32 * z2) / l33
+        x3 = z3 / l33  # lowᵀ·x = z
+        x2 = (z2 - l32 * x3) / l22
+        x1 = (z1 - l21 * x2 - l31 * x3) / l11
+        x0 = (z0 - l10 * x1 - l20 * x2 - l30 * x3) / l00
+        return [x0, x1, x2, x3]
+    if n == 3:
+        (m00, _, _), (m10, m11, _), (m20, m21, m22) = h
+        d0, d1, d2 = dh
+        m00 += lam * d0
+        m11 += lam * d1
+        m22 += lam * d2
+        if not m00 > 0.0:
+            return None
+        l00 = math.sqrt(m00)
+        l10 = m10 / l00
+        t = m11 - l10 * l10
+        if not t > 0.0:
+            return None
+        l11 = math.sqrt(t)
+        l20 = m20 / l00
+        l21 = (m21 - l20 * l10) / l11
+        t = m22 - l20 * l20 - l21 * l21
+        if not t > 0.0:
+            return None
+        l22 = math.sqrt(t)
+        v0, v1, v2 = v
+        z0 = v0 / l00
+        z1 = (v1 - l10 * z0) / l11
+        z2 = (v2 - l20 * z0 - l21 * z1) / l22
+        x2 = z2 / l22
+        x1 = (z1 - l21 * x2) / l11
+        x0 = (z0 - l10 * x1 - l20 * x2) / l00
+        return [x0, x1, x2]
+    damped = [row[:] for row in h]
+    for k, dk in enumerate(dh):
+        damped[k][k] += lam * dk
+    return _lin_solve(damped, v)
 
 
 def _lin_solve(m: list[list[float]], v: list[float]) -> list[float] | None:
@@ -209,10 +293,12 @@ def _lin_solve(m: list[list[float]], v: list[float]) -> list[float] | None:
 def _predicted_gain(g: list[float], h: list[list[float]], d: list[float]) -> float:
     """The fall of the cost the quadratic model predicts for step ``d``: -(g·d + ½·dᵀ·h·d)."""
     quad = sum(
-        dk * sum(hkm * dm for hkm, dm in zip(hk, d, strict=True))
-        for dk, hk in zip(d, h, strict=True)
+        [
+            dk * sum([hkm * dm for hkm, dm in zip(hk, d, strict=True)])
+            for dk, hk in zip(d, h, strict=True)
+        ]
     )
-    return -(sum(gk * dk for gk, dk in zip(g, d, strict=True)) + 0.5 * quad)
+    return -(sum([gk * dk for gk, dk in zip(g, d, strict=True)]) + 0.5 * quad)
 
 
 def _solve(
@@ -238,26 +324,32 @@ def _solve(
     if not math.isfinite(cost):
         return p, math.inf
     lam, nu = 1e-3, 2.0
+    bounds = list(zip(lo, hi, strict=True))
     for _ in range(max_iter):
         g, h = _normal_equations(pts, p, r, base, pw, f2)
-        held = [(p[k] <= lo[k] and g[k] > 0) or (p[k] >= hi[k] and g[k] < 0) for k in range(4)]
-        free = [k for k in range(4) if not held[k]]
+        free = [
+            k
+            for k in range(4)
+            if not ((p[k] <= lo[k] and g[k] > 0) or (p[k] >= hi[k] and g[k] < 0))
+        ]
         if not free:
             break
-        gf = [g[k] for k in free]
-        hf = [[h[k][m] for m in free] for k in free]
-        top = max(max(hf[k][k] for k in range(len(free))), 1e-300)
-        dh = [max(hf[k][k], 1e-12 * top) for k in range(len(free))]
+        if len(free) == 4:  # nothing held: the normal equations as they are
+            gf, hf = g, h
+        else:
+            gf = [g[k] for k in free]
+            hf = [[h[k][m] for m in free] for k in free]
+        diag = [hf[k][k] for k in range(len(free))]
+        floor = 1e-12 * max(max(diag), 1e-300)
+        dh = [max(v, floor) for v in diag]
+        neg_g = [-v for v in gf]
         while True:
-            damped = [row[:] for row in hf]
-            for k, v in enumerate(dh):
-                damped[k][k] += lam * v
-            d = _lin_solve(damped, [-v for v in gf])
+            d = _damped_solve(hf, dh, lam, neg_g)
             if d is not None:
                 pn = list(p)
                 for k, dk in zip(free, d, strict=True):
                     pn[k] += dk
-                pn = [min(max(v, lo_k), hi_k) for v, lo_k, hi_k in zip(pn, lo, hi, strict=True)]
+                pn = [min(max(v, lo_k), hi_k) for v, (lo_k, hi_k) in zip(pn, bounds, strict=True)]
                 rn, base_n, pw_n = _residuals(pts, pn)
                 cn = _soft_l1(rn, f2)
                 if cn < cost:
@@ -272,7 +364,11 @@ def _solve(
             if lam > 1e12:
                 return p, cost  # no step lowers the cost: a (bounded) minimum
         gain = cost - cn
-        small = all(abs(a - b) <= 1e-10 * (abs(a) + 1e-10) for a, b in zip(pn, p, strict=True))
+        small = True
+        for a, b in zip(pn, p, strict=True):
+            if not abs(a - b) <= 1e-10 * (abs(a) + 1e-10):
+                small = False
+                break
         p, r, cost, base, pw = pn, rn, cn, base_n, pw_n
         if gain <= ftol * cost or small:
             break
@@ -281,22 +377,30 @@ def _solve(
 
 _ALPHAS = np.geomspace(0.03, 2.5, 36)
 _S0S = np.geomspace(1e-4, 0.9, 12)
+_GRID_ALPHA = np.repeat(_ALPHAS, _S0S.size)[:, None]
+_GRID_NEG_ALPHA = -_GRID_ALPHA
+_GRID_S0 = np.tile(_S0S, _ALPHAS.size)[:, None]
 
 
 def _grid_start(xs: np.ndarray, y: np.ndarray, w: np.ndarray, lo, hi) -> np.ndarray:
-    """Best (E, A, alpha, s0) on a grid: for fixed alpha and s0 the law is linear in E, A."""
-    alpha = np.repeat(_ALPHAS, _S0S.size)[:, None]
-    s0 = np.tile(_S0S, _ALPHAS.size)[:, None]
-    b = np.power(xs[None, :] + s0, -alpha)
-    sw, sb, sbb = w.sum(), (w * b).sum(1), (w * b * b).sum(1)
-    sy, sby = (w * y).sum(), (w * b * y).sum(1)
+    """Best (E, A, alpha, s0) on a grid: for fixed alpha and s0 the law is linear in E, A.
+
+    Unit weights (the detectors' fits) skip the products by ``w``, which would change
+    no float."""
+    alpha, s0 = _GRID_ALPHA, _GRID_S0
+    b = np.power(xs[None, :] + s0, _GRID_NEG_ALPHA)
+    unit = bool((w == 1.0).all())
+    wb = b if unit else w * b
+    sw, sb, sbb = w.sum(), wb.sum(1), (wb * b).sum(1)
+    sy, sby = (y if unit else w * y).sum(), (wb * y).sum(1)
     det = sw * sbb - sb * sb
     with np.errstate(divide="ignore", invalid="ignore"):
         a = np.where(det > 0, (sw * sby - sb * sy) / det, 0.0)
     a = np.maximum(np.nan_to_num(a), 0.0)
     e = np.clip((sy - a * sb) / sw, lo[0], hi[0])
     with np.errstate(divide="ignore", invalid="ignore"):
-        a = np.maximum(np.nan_to_num((w * b * (y - e[:, None])).sum(1) / sbb), 0.0)
-    cost = (w * (e[:, None] + a[:, None] * b - y) ** 2).sum(1)
+        a = np.maximum(np.nan_to_num((wb * (y - e[:, None])).sum(1) / sbb), 0.0)
+    sq = (e[:, None] + a[:, None] * b - y) ** 2
+    cost = (sq if unit else w * sq).sum(1)
     k = int(np.argmin(cost))
     return np.array([e[k], max(a[k], 1e-12), alpha[k, 0], s0[k, 0]])
