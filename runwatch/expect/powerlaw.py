@@ -90,7 +90,7 @@ def fit_power_law(
     e_low = 0.0 if ymin > 0 else ymin - 10.0 * span
     lo = np.array([e_low, 0.0, 0.02, 1e-6])
     hi = np.array([ymin, np.inf, 3.0, 1.0])
-    pts = list(zip(xs.tolist(), y.tolist(), np.sqrt(w).tolist(), strict=True))
+    pts = (xs.tolist(), y.tolist(), np.sqrt(w).tolist())
     starts = [_grid_start(xs, y, w, lo, hi)]
     if start is not None and start.A > 0:
         s0s = float(np.clip(start.s0 / xmax, lo[3], hi[3]))
@@ -113,8 +113,9 @@ def fit_power_law(
     return PowerLaw(e, a_s * xmax**alpha, alpha, s0s * xmax, sigma, int(x.size))
 
 
-Points = list[tuple[float, float, float]]
-"""A fit's points as plain floats: (scaled step, value, square root of the weight)."""
+Points = tuple[list[float], list[float], list[float]]
+"""A fit's points as plain floats: the scaled steps, the values, the square roots of the
+weights."""
 
 
 def _residuals(pts: Points, p: list[float]) -> tuple[list[float], list[float], list[float]]:
@@ -122,9 +123,10 @@ def _residuals(pts: Points, p: list[float]) -> tuple[list[float], list[float], l
     (x + s0) and its power (the Jacobian at an accepted step reuses them)."""
     e, a, alpha, s0 = p
     neg = -alpha
-    base = [x + s0 for x, _, _ in pts]  # > 0: x >= 0 and s0 >= 1e-6
+    xs, ys, sws = pts
+    base = [x + s0 for x in xs]  # > 0: x >= 0 and s0 >= 1e-6
     pw = [b**neg for b in base]
-    r = [sw * (e + a * q - y) for (_, y, sw), q in zip(pts, pw, strict=True)]
+    r = [sw * (e + a * q - y) for y, sw, q in zip(ys, sws, pw, strict=True)]
     return r, base, pw
 
 
@@ -145,7 +147,7 @@ def _normal_equations(
     sqrt, log = math.sqrt, math.log
     g0 = g1 = g2 = g3 = 0.0
     h00 = h01 = h02 = h03 = h11 = h12 = h13 = h22 = h23 = h33 = 0.0
-    for (_, _, j0), ri, b, q in zip(pts, r, base, pw, strict=True):
+    for j0, ri, b, q in zip(pts[2], r, base, pw, strict=True):
         j1 = j0 * q  # the Jacobian's row: d r / d (E, A, alpha, s0)
         t = neg_a * j1
         j2 = t * log(b)
@@ -291,7 +293,22 @@ def _lin_solve(m: list[list[float]], v: list[float]) -> list[float] | None:
 
 
 def _predicted_gain(g: list[float], h: list[list[float]], d: list[float]) -> float:
-    """The fall of the cost the quadratic model predicts for step ``d``: -(g·d + ½·dᵀ·h·d)."""
+    """The fall of the cost the quadratic model predicts for step ``d``: -(g·d + ½·dᵀ·h·d).
+
+    Each sum adds its terms in order from 0, as ``sum`` does; 4 parameters (most steps)
+    written out."""
+    if len(d) == 4:
+        d0, d1, d2, d3 = d
+        (h00, h01, h02, h03), (h10, h11, h12, h13), (h20, h21, h22, h23), (h30, h31, h32, h33) = h
+        quad = (
+            0.0
+            + d0 * (0.0 + h00 * d0 + h01 * d1 + h02 * d2 + h03 * d3)
+            + d1 * (0.0 + h10 * d0 + h11 * d1 + h12 * d2 + h13 * d3)
+            + d2 * (0.0 + h20 * d0 + h21 * d1 + h22 * d2 + h23 * d3)
+            + d3 * (0.0 + h30 * d0 + h31 * d1 + h32 * d2 + h33 * d3)
+        )
+        g0, g1, g2, g3 = g
+        return -((0.0 + g0 * d0 + g1 * d1 + g2 * d2 + g3 * d3) + 0.5 * quad)
     quad = sum(
         [
             dk * sum([hkm * dm for hkm, dm in zip(hk, d, strict=True)])
