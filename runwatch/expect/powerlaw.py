@@ -90,7 +90,9 @@ def fit_power_law(
     e_low = 0.0 if ymin > 0 else ymin - 10.0 * span
     lo = np.array([e_low, 0.0, 0.02, 1e-6])
     hi = np.array([ymin, np.inf, 3.0, 1.0])
-    pts = (xs.tolist(), y.tolist(), np.sqrt(w).tolist())
+    # Unit weights (the detectors' fits) are left out: multiplying by 1.0 changes nothing.
+    unit = bool((w == 1.0).all())
+    pts = (xs.tolist(), y.tolist(), None if unit else np.sqrt(w).tolist())
     starts = [_grid_start(xs, y, w, lo, hi)]
     if start is not None and start.A > 0:
         s0s = float(np.clip(start.s0 / xmax, lo[3], hi[3]))
@@ -113,9 +115,9 @@ def fit_power_law(
     return PowerLaw(e, a_s * xmax**alpha, alpha, s0s * xmax, sigma, int(x.size))
 
 
-Points = tuple[list[float], list[float], list[float]]
+Points = tuple[list[float], list[float], list[float] | None]
 """A fit's points as plain floats: the scaled steps, the values, the square roots of the
-weights."""
+weights (None: every weight 1)."""
 
 
 def _residuals(pts: Points, p: list[float]) -> tuple[list[float], list[float], list[float]]:
@@ -126,7 +128,10 @@ def _residuals(pts: Points, p: list[float]) -> tuple[list[float], list[float], l
     xs, ys, sws = pts
     base = [x + s0 for x in xs]  # > 0: x >= 0 and s0 >= 1e-6
     pw = [b**neg for b in base]
-    r = [sw * (e + a * q - y) for y, sw, q in zip(ys, sws, pw, strict=True)]
+    if sws is None:
+        r = [e + a * q - y for y, q in zip(ys, pw, strict=True)]
+    else:
+        r = [sw * (e + a * q - y) for y, sw, q in zip(ys, sws, pw, strict=True)]
     return r, base, pw
 
 
@@ -143,6 +148,8 @@ def _normal_equations(
     (for soft-L1: ρ' = (1 + r²/f²)^-1/2, ρ' + 2r²ρ'' = (1 + r²/f²)^-3/2), with the
     analytic Jacobian of the weighted residuals."""
     a, alpha = p[1], p[2]
+    if pts[2] is None:
+        return _normal_equations_unit(a, alpha, r, base, pw, f2)
     neg_a = -a
     sqrt, log = math.sqrt, math.log
     g0 = g1 = g2 = g3 = 0.0
@@ -160,7 +167,10 @@ def _normal_equations(
         g2 += j2 * gw
         g3 += j3 * gw
         hw = 1.0 / (u * su)
-        w0, w1, w2, w3 = hw * j0, hw * j1, hw * j2, hw * j3
+        w0 = hw * j0
+        w1 = hw * j1
+        w2 = hw * j2
+        w3 = hw * j3
         h00 += w0 * j0
         h01 += w0 * j1
         h02 += w0 * j2
@@ -171,6 +181,48 @@ def _normal_equations(
         h22 += w2 * j2
         h23 += w2 * j3
         h33 += w3 * j3
+    h = [
+        [h00, h01, h02, h03],
+        [h01, h11, h12, h13],
+        [h02, h12, h22, h23],
+        [h03, h13, h23, h33],
+    ]
+    return [g0, g1, g2, g3], h
+
+
+def _normal_equations_unit(
+    a: float, alpha: float, r: list[float], base: list[float], pw: list[float], f2: float
+) -> tuple[list[float], list[list[float]]]:
+    """``_normal_equations`` with every weight 1: the same floats, without the products
+    by the Jacobian's first column (1.0)."""
+    neg_a = -a
+    sqrt, log = math.sqrt, math.log
+    g0 = g1 = g2 = g3 = 0.0
+    h00 = h01 = h02 = h03 = h11 = h12 = h13 = h22 = h23 = h33 = 0.0
+    for ri, b, j1 in zip(r, base, pw, strict=True):
+        t = neg_a * j1
+        j2 = t * log(b)
+        j3 = t * alpha / b
+        u = 1.0 + ri * ri / f2
+        su = sqrt(u)
+        gw = ri / su
+        g0 += gw
+        g1 += j1 * gw
+        g2 += j2 * gw
+        g3 += j3 * gw
+        hw = 1.0 / (u * su)
+        w1 = hw * j1
+        w2 = hw * j2
+        h00 += hw
+        h01 += hw * j1
+        h02 += hw * j2
+        h03 += hw * j3
+        h11 += w1 * j1
+        h12 += w1 * j2
+        h13 += w1 * j3
+        h22 += w2 * j2
+        h23 += w2 * j3
+        h33 += hw * j3 * j3
     h = [
         [h00, h01, h02, h03],
         [h01, h11, h12, h13],
