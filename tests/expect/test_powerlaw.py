@@ -69,3 +69,22 @@ def test_fit_respects_the_bounds_on_a_rising_curve():
     law = fit_power_law(s, y)
     assert law.A >= 0.0 and 0.02 <= law.alpha <= 3.0
     assert float(y.min()) + 1e-12 >= law.E
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_written_out_damped_solves_equal_the_general_cholesky_bit_for_bit(n):
+    """The LM step's 4x4 and 3x3 systems are solved by written-out code for speed; it must
+    give exactly the floats of the general solver (the golden anomalies depend on it)."""
+    from runwatch.expect.powerlaw import _damped_solve, _lin_solve
+
+    rng = np.random.default_rng(n)
+    for _ in range(200):
+        a = rng.standard_normal((n, n)) * rng.lognormal(0, 3, n)
+        h = (a @ a.T).tolist()
+        dh = np.abs(np.diag(a @ a.T)).tolist()
+        lam = float(rng.lognormal(-5, 4))
+        v = rng.standard_normal(n).tolist()
+        damped = [row[:] for row in h]
+        for k in range(n):
+            damped[k][k] += lam * dh[k]
+        assert _damped_solve(h, dh, lam, v) == _lin_solve(damped, v)
