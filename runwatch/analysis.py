@@ -235,21 +235,15 @@ def reference_curves(
 
 
 def _tokens_per_step(store: Store, run: str) -> float:
-    from runwatch.dashboard.shaping import run_config, tokens_per_step
+    from runwatch.dashboard.shaping import aligned_sample, run_config, tokens_per_step
 
     runs = store.runs()
     row = runs[runs["name"] == run]
     config = run_config(row.iloc[0]["config"] if not row.empty else None)
-    frames = {
-        name: store.read_series(run, name).drop_duplicates("step", keep="last")
-        for name in ("tokens_per_s", "step_time_s")
-    }
-    sample = None
-    if all(not f.empty for f in frames.values()):
-        sample = pd.DataFrame(
-            {name: f.set_index("step")["value"] for name, f in frames.items()}
-        ).dropna()
-    tps = tokens_per_step(config, sample)
+    # The dashboard's own sample: steps one of the two lacks give NaN products, which
+    # tokens_per_step leaves out.
+    frames = {name: store.read_series(run, name) for name in ("tokens_per_s", "step_time_s")}
+    tps = tokens_per_step(config, aligned_sample(frames))
     if tps is None:
         raise ValueError(
             f"cannot align run {run!r} by tokens: its config has no tokens_per_step "
