@@ -66,12 +66,10 @@ def analyze_run(
     tell("replaying", 0, n)
     events = store.events(run)
     monitor = Monitor(config)
-    if reference is not None:
-        monitor.references = reference_curves(
-            store, reference, run, monitor.config, _loss_metrics(points, monitor.config), align
-        )
-    replayed = lambda done: tell("replaying", done, n)  # noqa: E731
     losses = _loss_metrics(points, monitor.config)
+    if reference is not None:
+        monitor.references = reference_curves(store, reference, run, monitor.config, losses, align)
+    replayed = lambda done: tell("replaying", done, n)  # noqa: E731
     # The replay's arrays are all it needs of the frame: freeing the frame first keeps
     # one copy of the run's points in memory, not two, while the detectors work.
     arrays = replay_input(points)
