@@ -543,12 +543,10 @@ class Store(JudgementTables, OutboxTables, IngestTables):
         catalogue = catalogue.drop(columns="points").reset_index(drop=True)
         where = pd.Index(catalogue["series_id"]).get_indexer(sids)
         frame = {c: catalogue[c].take(where).reset_index(drop=True) for c in SERIES_COLUMNS}
-        if all_attempts:
-            superseded = superseded_mask(raw["step"], raw["attempt"], starts)[order]
         for c in ("step", "time", "value", "attempt"):
             frame[c] = raw.pop(c)[order]
         if all_attempts:
-            frame["superseded"] = superseded
+            frame["superseded"] = superseded_mask(frame["step"], frame["attempt"], starts)
         return pd.DataFrame(frame, copy=False)
 
     # -- events ------------------------------------------------------------------------------
