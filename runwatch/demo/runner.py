@@ -38,9 +38,13 @@ class DemoReport:
     anomalies: list[tuple[int, int, str, str, str, str]]
     """(start, end, severity, detector, metric, message) found live, by start step: every
     one of warning or worse, and the info ones while the list stays short."""
-    serious_count: int
     unlisted_info: int
     """Info anomalies left out of ``anomalies`` (a long demo finds many one-point spikes)."""
+
+    @property
+    def serious_count(self) -> int:
+        """Anomalies of warning or worse (all of them are listed)."""
+        return sum(severity != "info" for _, _, severity, *_ in self.anomalies)
 
     def __str__(self) -> str:
         lines = [
@@ -108,10 +112,7 @@ def run_demo(
     with runwatch.open_store(db) as store:
         found = store.anomalies(name, source="live")
     listed, unlisted = _listed(found)
-    serious = int((found["severity"] != "info").sum())
-    return DemoReport(
-        db, name, steps, points, sorted(metrics), attempts, faults, listed, serious, unlisted
-    )
+    return DemoReport(db, name, steps, points, sorted(metrics), attempts, faults, listed, unlisted)
 
 
 LISTED_AT_MOST = 20
