@@ -46,7 +46,7 @@ class ReferenceCurve:
 
     def predict(self, steps: np.ndarray) -> np.ndarray:
         """The reference at ``steps`` (interpolated in log step, flat beyond its ends)."""
-        return np.interp(np.log1p(np.maximum(steps, 0)), np.log1p(self._steps), self._values)
+        return np.interp(np.log1p(np.maximum(steps, 0)), self._log_steps, self._values)
 
     @property
     def last_step(self) -> float:
