@@ -28,8 +28,6 @@ log = logging.getLogger("runwatch.detect")
 
 __all__ = [
     "Detector",
-    "ReplaySteps",
-    "ReplayValues",
     "Signal",
     "batch_ready",
     "check_choice",
@@ -165,31 +163,15 @@ def check_lengths(steps: Sequence[int], values: Sequence[float]) -> None:
         raise ValueError(f"steps and values differ in length: {len(steps)} != {len(values)}")
 
 
-class ReplaySteps(list):
-    """Steps that batch replay vouches for: ints, in order (``batch_ready`` need not look
-    at each one again for every detector of the series)."""
-
-    __slots__ = ()
-
-
-class ReplayValues(list):
-    """Values that batch replay vouches for: Python floats."""
-
-    __slots__ = ()
-
-
 def batch_ready(steps: Sequence[int], values: Sequence[float]) -> bool:
     """True when a vectorised ``update_many`` may run: int steps in order and float values,
-    what batch replay gives (as ``ReplaySteps`` and ``ReplayValues``, taken on trust).
-    Anything else (numpy scalars, steps going back) takes the plain loop, whose ``update``
-    handles every case.
+    what batch replay gives. Anything else (numpy scalars, steps going back) takes the
+    plain loop, whose ``update`` handles every case.
 
     >>> batch_ready([1, 2, 2], [0.5, 0.4, 0.3]), batch_ready([2, 1], [0.5, 0.4])
     (True, False)
     """
     check_lengths(steps, values)
-    if type(steps) is ReplaySteps and type(values) is ReplayValues:
-        return bool(steps)
     if not steps or set(map(type, steps)) != {int} or set(map(type, values)) != {float}:
         return False
     st = np.asarray(steps)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from runwatch.detect.base import LRAware, ReplaySteps, ReplayValues
+from runwatch.detect.base import LRAware
 from runwatch.detect.monitor import Monitor, _norm_label
 from runwatch.expect.lrclock import LRClock, State, areas_at
 from runwatch.model import LABEL_KEYS, Anomaly
@@ -176,8 +176,6 @@ def _run_series(
     rows_l = rows.tolist()
     steps_l = st.tolist()
     values_l = v.tolist()
-    if st.dtype.kind in "iu" and v.dtype.kind == "f":  # ints in order (checked above), floats
-        steps_l, values_l = ReplaySteps(steps_l), ReplayValues(values_l)
     _nonfinite(mon, series, rows_l, steps_l, values_l, np.flatnonzero(~np.isfinite(v)))
     # The points' LR areas, once for every detector of the series that judges by the LR.
     by_lr = [isinstance(d, LRAware) and bool(d.lr_clock) for d in series.detectors]
