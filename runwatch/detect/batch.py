@@ -32,21 +32,6 @@ from runwatch.expect.lrclock import LRClock, State, areas_at
 from runwatch.model import LABEL_KEYS, Anomaly
 
 
-def replay_batch(
-    mon: Monitor,
-    metric: np.ndarray,
-    label_cols: dict[str, np.ndarray],
-    steps: np.ndarray,
-    values: np.ndarray,
-    progress: Callable[[int], None] | None = None,
-) -> bool:
-    """Feed rows already in replay order into a fresh ``mon``; False if it cannot (then
-    nothing was fed and the caller streams instead)."""
-    if mon._series or len(mon._anomalies):
-        return False
-    return feed_batch(mon, metric, label_cols, steps, values, progress) is not None
-
-
 def feed_batch(
     mon: Monitor,
     metric: np.ndarray,

@@ -29,9 +29,14 @@ def _label_value(v):
 
 
 def _batch(mon: Monitor, points: ReplayInput, progress: Callable[[int], None] | None) -> bool:
-    from runwatch.detect.batch import replay_batch
+    """Feed ``points`` into a fresh ``mon`` by the batch path; False if it cannot (then
+    nothing was fed and the caller streams instead)."""
+    from runwatch.detect.batch import feed_batch
 
-    return replay_batch(mon, points.metric, points.labels, points.steps, points.values, progress)
+    if mon._series or len(mon._anomalies):
+        return False
+    found = feed_batch(mon, points.metric, points.labels, points.steps, points.values, progress)
+    return found is not None
 
 
 def _objects(column: pd.Series, order: np.ndarray | None) -> np.ndarray:
