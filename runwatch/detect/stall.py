@@ -157,10 +157,8 @@ class Stall(LRAware, Detector):
         self._flagged = 0
         self._stalls = 0
 
-    def _coord(self, step: int, s1: float | None) -> float:
-        """ln of where the point is: its step, or its summed LR in units of the first."""
-        if not self._by_lr:
-            return math.log(step) if step > 1 else 0.0
+    def _lr_coord(self, s1: float) -> float:
+        """ln of where the point is, measured by LR: its summed LR in units of the first."""
         if self._unit is None:
             if not s1 > 0:
                 return 0.0
@@ -200,8 +198,7 @@ class Stall(LRAware, Detector):
         lim = 3.0 * self._sigma
         xc = min(max(x, med - lim), med + lim)
         self._cx += xc - self._x0
-        # _coord, inlined for the common case (by step): this runs for every point.
-        ls = self._coord(step, s1) if self._by_lr else (math.log(step) if step > 1 else 0.0)
+        ls = self._lr_coord(s1) if self._by_lr else (math.log(step) if step > 1 else 0.0)
         self._cl += ls
         self._cum.append((self._cx, self._cl))
         nb = self._noise_buf

@@ -64,7 +64,7 @@ def run(
     lim = 3.0 * sig_before
     xc = np.minimum(np.maximum(x, med - lim), med + lim)
     if d._by_lr:
-        ls = np.array(list(map(d._coord, steps, s1)))  # sets the unit as update does
+        ls = np.array(list(map(d._lr_coord, s1)))  # sets the unit as update does
     else:
         st = np.array(steps, dtype=np.int64)
         ls = np.zeros(m)
