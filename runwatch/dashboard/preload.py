@@ -8,6 +8,12 @@ and parse it (off the main thread) while the page shell loads; when the chart ar
 running it is left. Pages without charts (the Runs table) do not get the header: there the
 download would only compete with the page.
 
+The same middleware serves that chunk with V8's explicit compile hint in front
+(``COMPILE_HINT``): Chromium then compiles all of plotly.js on a background thread while it
+downloads, instead of function by function on the main thread while it runs (the chunk's
+evaluation went from ~0.9 to ~0.6 s on a cold visit here). To any other browser it is a
+comment.
+
 The chunk's name carries a content hash that changes with every Streamlit release, so it is
 looked up once, in the installed Streamlit's static files; when it is not found (a renamed
 chunk), no header is sent and pages load plotly.js on demand as before.
@@ -24,6 +30,8 @@ from typing import Any
 log = logging.getLogger("runwatch.dashboard")
 
 CHUNK_GLOB = "PlotlyChart.*.js"
+COMPILE_HINT = b"//# allFunctionsCalledOnLoad\n"
+"""V8's explicit compile hint (Chromium 136+): every function of the file is compiled eagerly."""
 _IMPORT = re.compile(rb'(?:from|import)\s*"\./([\w.\-]+\.js)"')
 _HEAD_BYTES = 8192
 """A bundler's chunk lists its static imports first; plotly.js itself follows."""
@@ -73,7 +81,8 @@ def link_header(urls: Iterable[str]) -> bytes:
 
 
 class PreloadHints:
-    """ASGI middleware: a ``Link: rel=modulepreload`` header on the HTML of chart pages.
+    """ASGI middleware: a ``Link: rel=modulepreload`` header on the HTML of chart pages, and
+    the compile hint on the plotly chunk itself.
 
     ``pages`` are url paths (``run``, ``compare``); a request is for one when its path's
     last segment is one of them. Only HTML responses get the header (the page's shell;
@@ -86,6 +95,7 @@ class PreloadHints:
         # Decided once: the chunk's name does not change while the server runs.
         urls = plotly_chunks() if chunks is None else tuple(chunks)
         self.header = link_header(urls) if urls else b""
+        self.eager_suffix = "/" + urls[0].rsplit("/", 1)[-1] if urls else None
         if urls:
             log.info("chart pages %s preload %s", sorted(self.pages), urls[0])
 
@@ -94,7 +104,18 @@ class PreloadHints:
             return False
         return scope.get("path", "").rstrip("/").rsplit("/", 1)[-1] in self.pages
 
+    def wants_compile_hint(self, scope: dict[str, Any]) -> bool:
+        return (
+            self.eager_suffix is not None
+            and scope["type"] == "http"
+            and scope.get("method") == "GET"
+            and scope.get("path", "").endswith(self.eager_suffix)
+        )
+
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if self.wants_compile_hint(scope):
+            await self.app(scope, receive, with_compile_hint(send))
+            return
         if not self.header or not self.wants_hint(scope):
             await self.app(scope, receive, send)
             return
@@ -110,3 +131,33 @@ class PreloadHints:
             await send(message)
 
         await self.app(scope, receive, send_with_hint)
+
+
+def with_compile_hint(send: Any) -> Any:
+    """``send`` for a static file response that puts ``COMPILE_HINT`` before its body.
+
+    Only a full response (200) is changed: its length grows by the hint's, and its ETag
+    and byte-range support are dropped, since both describe the file on disk. A 304 or 206
+    passes through as it is.
+    """
+    pending = False
+
+    async def send_hinted(message: dict[str, Any]) -> None:
+        nonlocal pending
+        if message["type"] == "http.response.start" and message.get("status") == 200:
+            headers = []
+            for key, value in message.get("headers", []):
+                name = key.lower()
+                if name == b"content-length":
+                    value = str(int(value) + len(COMPILE_HINT)).encode("latin-1")
+                elif name in (b"etag", b"accept-ranges"):
+                    continue
+                headers.append((key, value))
+            message = {**message, "headers": headers}
+            pending = True
+        elif message["type"] == "http.response.body" and pending:
+            pending = False
+            message = {**message, "body": COMPILE_HINT + message.get("body", b"")}
+        await send(message)
+
+    return send_hinted

@@ -7,6 +7,7 @@ Nothing here imports Streamlit, so every rule a person reads off a page (what ma
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +21,10 @@ X_AXES: tuple[str, ...] = ("step", "wall time", "tokens")
 HEALTH: tuple[str, ...] = ("healthy", "warning", "critical")
 HEALTH_COLOR = {"healthy": "green", "warning": "orange", "critical": "red"}
 """Streamlit badge colours per health state."""
+SEVERITY_BADGE = {"info": "yellow", "warning": "orange", "critical": "red"}
+"""Streamlit badge colours per anomaly severity (the chart's markers use the same hues)."""
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]<>|$~:])")
+"""What Markdown, LaTeX (``$``), badges and emoji codes (``:``) would read as syntax."""
 
 _TOKENS_PER_STEP_KEYS = ("tokens_per_step", "batch_tokens", "tokens_per_batch")
 _COMPUTE_KEYS = ("compute", "flops", "total_flops", "compute_flops")
@@ -309,3 +314,72 @@ def runs_summary(
         )
     table = pd.DataFrame(rows)
     return table.iloc[::-1].reset_index(drop=True) if len(table) else table
+
+
+def markdown_text(value: Any) -> str:
+    """``value`` as literal Markdown: its ``|``, ``$``, ``*``, ``[`` ... are escaped, so a
+    message such as "loss 2.3 | expected $2.1" neither breaks a table row nor turns into
+    LaTeX, and its line breaks become spaces.
+
+    >>> print(markdown_text("a|b $x$ *y*"))
+    a\\|b \\$x\\$ \\*y\\*
+    """
+    text = " ".join(str(value).split())
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
+
+
+def markdown_table(frame: pd.DataFrame, raw: tuple[str, ...] = ()) -> str:
+    """``frame`` as a GitHub-flavoured Markdown table; the ``raw`` columns already hold
+    Markdown (a severity badge) and are not escaped.
+
+    The Run page lists its anomalies and events this way rather than with ``st.dataframe``:
+    the data grid is ~1.5 MB of JavaScript that a cold browser evaluates after plotly.js,
+    ~0.3 s on this machine (bench/dashboard.py), for tables of a few dozen rows.
+
+    >>> print(markdown_table(pd.DataFrame({"a": [1], "b": ["x|y"]})))
+    | a | b |
+    | --- | --- |
+    | 1 | x\\|y |
+    """
+    head = "| " + " | ".join(markdown_text(c) for c in frame.columns) + " |"
+    rule = "| " + " | ".join("---" for _ in frame.columns) + " |"
+    body = [
+        "| "
+        + " | ".join(
+            str(v) if c in raw else markdown_text("" if pd.isna(v) else v)
+            for c, v in zip(frame.columns, row, strict=True)
+        )
+        + " |"
+        for row in frame.itertuples(index=False)
+    ]
+    return "\n".join([head, rule, *body])
+
+
+def anomaly_rows(anomalies: pd.DataFrame, limit: int) -> pd.DataFrame:
+    """The Run page's anomaly list: the ``limit`` most recent, newest first, one column of
+    steps, the severity as a coloured badge (for ``markdown_table(..., raw=("severity",))``).
+
+    >>> a = pd.DataFrame({"id": [1], "severity": ["critical"], "detector": ["nonfinite"],
+    ...     "metric": ["loss"], "start_step": [5], "end_step": [5], "state": ["needs verdict"],
+    ...     "message": ["NaN"]})
+    >>> anomaly_rows(a, 10).iloc[0].to_dict()["severity"]
+    ':red-badge[critical]'
+    """
+    recent = anomalies.sort_values(["start_step", "id"]).iloc[::-1].head(limit)
+    steps = [
+        f"{a:,}" if a == b else f"{a:,}–{b:,}"
+        for a, b in zip(recent["start_step"], recent["end_step"], strict=True)
+    ]
+    return pd.DataFrame(
+        {
+            "#": recent["id"].to_numpy(),
+            "severity": [
+                f":{SEVERITY_BADGE.get(v, 'gray')}-badge[{v}]" for v in recent["severity"]
+            ],
+            "detector": recent["detector"].to_numpy(),
+            "metric": recent["metric"].to_numpy(),
+            "steps": steps,
+            "state": recent["state"].to_numpy(),
+            "message": recent["message"].to_numpy(),
+        }
+    )

@@ -62,6 +62,12 @@ def test_run_page_draws_loss_with_expectation_anomalies_and_restart(demo_db, mon
     assert any("restart #2" in a.get("text", "") for a in fig["layout"]["annotations"])
     labels = [m.label for m in at.metric]
     assert "ETA" in labels and "Open anomalies" in labels
+    # The anomaly list under the chart: the NaN, as a red badge, on the loss.
+    listed = next(m.value for m in at.markdown if m.value.startswith("| # | severity"))
+    assert any(
+        ":red-badge[critical]" in row and "nonfinite" in row and "loss" in row
+        for row in listed.splitlines()
+    )
 
 
 def test_run_page_axes_smoothing_and_zoom_window(demo_db, monkeypatch) -> None:

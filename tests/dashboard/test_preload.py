@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from runwatch.dashboard import APP_PATH, CHART_PAGES, SERVE_PATH
-from runwatch.dashboard.preload import PreloadHints, link_header, plotly_chunks, streamlit_js_dir
+from runwatch.dashboard.preload import (
+    COMPILE_HINT,
+    PreloadHints,
+    link_header,
+    plotly_chunks,
+    streamlit_js_dir,
+)
 
 
 def test_the_installed_streamlit_has_one_plotly_chunk_and_it_is_preloaded_first() -> None:
@@ -89,6 +95,47 @@ def test_link_header_lists_every_chunk_relative_to_the_page() -> None:
     assert link_header(["static/js/a.js", "static/js/b.js"]) == (
         b"<./static/js/a.js>; rel=modulepreload, <./static/js/b.js>; rel=modulepreload"
     )
+
+
+def _served(path: str, status: int = 200, method: str = "GET") -> tuple[dict, bytes]:
+    """(headers, whole body) of a static file response in two body messages, as Starlette
+    sends a file, through the middleware."""
+    content = b"import{a}from'./x.js';var P=1;"
+
+    async def static(scope, receive, send) -> None:
+        body = content if status == 200 else b""
+        headers = [(b"content-type", b"application/javascript"), (b"etag", b'"abc"')]
+        headers += [(b"accept-ranges", b"bytes"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body[:10], "more_body": True})
+        await send({"type": "http.response.body", "body": body[10:]})
+
+    sent: list[dict] = []
+
+    async def send(message) -> None:
+        sent.append(message)
+
+    hints = PreloadHints(static, pages=("run",), chunks=("static/js/PlotlyChart.X9.js",))
+    asyncio.run(hints({"type": "http", "method": method, "path": path}, None, send))
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    return dict(sent[0]["headers"]), body
+
+
+def test_the_plotly_chunk_is_served_with_the_compile_hint_in_front() -> None:
+    headers, body = _served("/static/js/PlotlyChart.X9.js")
+    assert body == COMPILE_HINT + b"import{a}from'./x.js';var P=1;"
+    assert int(headers[b"content-length"]) == len(body)
+    assert b"etag" not in headers and b"accept-ranges" not in headers  # they describe the file
+    assert headers[b"content-type"] == b"application/javascript"
+
+
+def test_other_files_and_partial_responses_are_served_as_they_are() -> None:
+    headers, body = _served("/static/js/Slider.A1.js")
+    assert body == b"import{a}from'./x.js';var P=1;" and headers[b"etag"] == b'"abc"'
+    headers, body = _served("/static/js/PlotlyChart.X9.js", status=304)
+    assert body == b"" and headers[b"content-length"] == b"0" and b"etag" in headers
+    _, body = _served("/static/js/PlotlyChart.X9.js", method="HEAD")
+    assert not body.startswith(COMPILE_HINT)
 
 
 def _pages() -> list[tuple[str, str]]:

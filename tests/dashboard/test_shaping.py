@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
 
-from runwatch.dashboard import shaping
+from runwatch.dashboard import shaping, ui
 
 
 def test_ema_matches_tensorboard_debiased_smoothing() -> None:
@@ -118,3 +120,38 @@ def test_aligned_sample_ignores_redone_steps_and_duplicates() -> None:
     b = pd.DataFrame({"step": [1, 2], "value": [10.0, 20.0]})
     sample = shaping.aligned_sample({"tokens_per_s": a, "step_time_s": b})
     assert sample.to_dict("list") == {"tokens_per_s": [1.0, 2.0], "step_time_s": [10.0, 20.0]}
+
+
+def test_markdown_table_escapes_cells_but_keeps_the_badge_column() -> None:
+    frame = pd.DataFrame(
+        {"severity": [":red-badge[critical]"], "message": ["loss $3 | x*2 [link](http://a)"]}
+    )
+    text = shaping.markdown_table(frame, raw=("severity",))
+    head, rule, row = text.split("\n")
+    assert head == "| severity | message |" and rule == "| --- | --- |"
+    assert row.startswith("| :red-badge[critical] | ")
+    # Escaped: no unescaped pipe splits the row, no $ starts LaTeX, no link or emphasis.
+    cells = [c for c in re.split(r"(?<!\\)\|", row) if c.strip()]
+    assert len(cells) == 2
+    assert "\\$3" in row and "\\*2" in row and "\\[link\\]" in row
+    # A clock in a message is not an emoji shortcode (which would load a chunk of its own).
+    assert not ui.EMOJI_SHORTCODE.search(shaping.markdown_text("stalled at 12:34:56"))
+
+
+def test_anomaly_rows_are_the_most_recent_first_with_one_steps_column() -> None:
+    anomalies = pd.DataFrame(
+        {
+            "id": [1, 2, 3],
+            "severity": ["info", "critical", "warning"],
+            "detector": ["spike", "nonfinite", "divergence"],
+            "metric": ["loss"] * 3,
+            "start_step": [10, 5000, 1200],
+            "end_step": [10, 5000, 1400],
+            "state": ["needs verdict"] * 3,
+            "message": ["a", "b", "c"],
+        }
+    )
+    rows = shaping.anomaly_rows(anomalies, limit=2)
+    assert rows["#"].tolist() == [2, 3]  # by step, newest first; #1 is past the limit
+    assert rows["steps"].tolist() == ["5,000", "1,200–1,400"]
+    assert rows["severity"].tolist() == [":red-badge[critical]", ":orange-badge[warning]"]

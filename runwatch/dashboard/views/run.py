@@ -16,6 +16,8 @@ from runwatch.dashboard.charts import (
 )
 
 PANEL_ROLES = ("loss", "grad_norm", "lr", "throughput", "step_time")
+LIST_ROWS = 50
+"""Rows of the anomaly and event lists under the chart (the Anomalies page has them all)."""
 
 db = ui.store_path()
 title = st.empty()
@@ -206,29 +208,21 @@ with left:
     if anomalies.empty:
         st.caption("None found so far.")
     else:
-        st.dataframe(
-            anomalies[
-                [
-                    "id",
-                    "severity",
-                    "detector",
-                    "metric",
-                    "start_step",
-                    "end_step",
-                    "state",
-                    "message",
-                ]
-            ].iloc[::-1],
-            hide_index=True,
-            width="stretch",
-            height=min(400, 38 + 35 * len(anomalies)),
+        st.markdown(
+            shaping.markdown_table(shaping.anomaly_rows(anomalies, LIST_ROWS), raw=("severity",))
         )
+        if len(anomalies) > LIST_ROWS:
+            st.caption(
+                f"The {LIST_ROWS} most recent of {len(anomalies):,}: the Anomalies page lists "
+                "them all, with filters."
+            )
 with right:
     st.subheader("Events")
     shown = events[events["kind"] != "log"][["kind", "step", "attempt", "message"]]
-    st.dataframe(
-        shown.iloc[::-1],
-        hide_index=True,
-        width="stretch",
-        height=min(400, 38 + 35 * max(1, len(shown))),
-    )
+    if shown.empty:
+        st.caption("No restarts, crashes or status changes recorded.")
+    else:
+        recent = shown.iloc[::-1].head(LIST_ROWS)
+        st.markdown(shaping.markdown_table(recent.assign(step=recent["step"].astype("Int64"))))
+        if len(shown) > LIST_ROWS:
+            st.caption(f"The {LIST_ROWS} most recent of {len(shown):,}.")
