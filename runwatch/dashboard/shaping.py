@@ -23,6 +23,8 @@ HEALTH_COLOR = {"healthy": "green", "warning": "orange", "critical": "red"}
 """Streamlit badge colours per health state."""
 SEVERITY_BADGE = {"info": "yellow", "warning": "orange", "critical": "red"}
 """Streamlit badge colours per anomaly severity (the chart's markers use the same hues)."""
+STATE_BADGE = {"needs verdict": "gray", "benign": "green", "real": "red", "watch": "blue"}
+"""Streamlit badge colours per triage state (``triage_state``)."""
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]<>|$~:])")
 """What Markdown, LaTeX (``$``), badges and emoji codes (``:``) would read as syntax."""
 
@@ -357,7 +359,8 @@ def markdown_table(frame: pd.DataFrame, raw: tuple[str, ...] = ()) -> str:
 
 def anomaly_rows(anomalies: pd.DataFrame, limit: int) -> pd.DataFrame:
     """The Run page's anomaly list: the ``limit`` most recent, newest first, one column of
-    steps, the severity as a coloured badge (for ``markdown_table(..., raw=("severity",))``).
+    steps, the severity and the state as coloured badges (for ``markdown_table(...,
+    raw=("severity", "state"))``).
 
     >>> a = pd.DataFrame({"id": [1], "severity": ["critical"], "detector": ["nonfinite"],
     ...     "metric": ["loss"], "start_step": [5], "end_step": [5], "state": ["needs verdict"],
@@ -366,8 +369,9 @@ def anomaly_rows(anomalies: pd.DataFrame, limit: int) -> pd.DataFrame:
     ':red-badge[critical]'
     """
     recent = anomalies.sort_values(["start_step", "id"]).iloc[::-1].head(limit)
+    # Word joiners keep a step range on one line (badges do not wrap); the message wraps.
     steps = [
-        f"{a:,}" if a == b else f"{a:,}–{b:,}"
+        f"{a:,}" if a == b else f"{a:,}\u2060–\u2060{b:,}"
         for a, b in zip(recent["start_step"], recent["end_step"], strict=True)
     ]
     return pd.DataFrame(
@@ -379,7 +383,7 @@ def anomaly_rows(anomalies: pd.DataFrame, limit: int) -> pd.DataFrame:
             "detector": recent["detector"].to_numpy(),
             "metric": recent["metric"].to_numpy(),
             "steps": steps,
-            "state": recent["state"].to_numpy(),
+            "state": [f":{STATE_BADGE.get(v, 'gray')}-badge[{v}]" for v in recent["state"]],
             "message": recent["message"].to_numpy(),
         }
     )

@@ -153,5 +153,6 @@ def test_anomaly_rows_are_the_most_recent_first_with_one_steps_column() -> None:
     )
     rows = shaping.anomaly_rows(anomalies, limit=2)
     assert rows["#"].tolist() == [2, 3]  # by step, newest first; #1 is past the limit
-    assert rows["steps"].tolist() == ["5,000", "1,200–1,400"]
+    assert rows["steps"].tolist() == ["5,000", "1,200\u2060–\u20601,400"]  # never wrapped
+    assert rows["state"].tolist() == [":gray-badge[needs verdict]"] * 2
     assert rows["severity"].tolist() == [":red-badge[critical]", ":orange-badge[warning]"]

@@ -202,27 +202,28 @@ with top:
 with ui.guarded(db):
     anomalies = data.anomalies(db, run)
     events = data.events(db, run)
-left, right = st.columns([3, 2])
-with left:
-    st.subheader(f"Anomalies ({len(anomalies)})")
-    if anomalies.empty:
-        st.caption("None found so far.")
-    else:
-        st.markdown(
-            shaping.markdown_table(shaping.anomaly_rows(anomalies, LIST_ROWS), raw=("severity",))
+# Full width, one under the other: a Markdown table sizes its columns to their text, and the
+# messages need the room.
+st.subheader(f"Anomalies ({len(anomalies)})")
+if anomalies.empty:
+    st.caption("None found so far.")
+else:
+    st.markdown(
+        shaping.markdown_table(
+            shaping.anomaly_rows(anomalies, LIST_ROWS), raw=("severity", "state")
         )
-        if len(anomalies) > LIST_ROWS:
-            st.caption(
-                f"The {LIST_ROWS} most recent of {len(anomalies):,}: the Anomalies page lists "
-                "them all, with filters."
-            )
-with right:
-    st.subheader("Events")
-    shown = events[events["kind"] != "log"][["kind", "step", "attempt", "message"]]
-    if shown.empty:
-        st.caption("No restarts, crashes or status changes recorded.")
-    else:
-        recent = shown.iloc[::-1].head(LIST_ROWS)
-        st.markdown(shaping.markdown_table(recent.assign(step=recent["step"].astype("Int64"))))
-        if len(shown) > LIST_ROWS:
-            st.caption(f"The {LIST_ROWS} most recent of {len(shown):,}.")
+    )
+    if len(anomalies) > LIST_ROWS:
+        st.caption(
+            f"The {LIST_ROWS} most recent of {len(anomalies):,}: the Anomalies page lists "
+            "them all, with filters."
+        )
+st.subheader("Events")
+shown = events[events["kind"] != "log"][["kind", "step", "attempt", "message"]]
+if shown.empty:
+    st.caption("No restarts, crashes or status changes recorded.")
+else:
+    recent = shown.iloc[::-1].head(LIST_ROWS)
+    st.markdown(shaping.markdown_table(recent.assign(step=recent["step"].astype("Int64"))))
+    if len(shown) > LIST_ROWS:
+        st.caption(f"The {LIST_ROWS} most recent of {len(shown):,}.")
