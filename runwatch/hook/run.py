@@ -110,12 +110,21 @@ class Run:
         self._alert_timeout = alert_timeout
         self._alerting = None
         roles = monitor if isinstance(monitor, Mapping) else None
-        # Reference mode is asked for by name: a wrong name fails here, before anything
-        # is written.
+        # Reference mode is asked for by name: a wrong name, or a run with no live
+        # detection to use it, fails here, before anything is written.
+        if reference and (not monitor or backend is not None):
+            raise ValueError(
+                f"reference={reference!r} needs live detection on the embedded store, and "
+                + (
+                    "monitor=False turns it off"
+                    if not monitor
+                    else f"this run pushes to {backend.location}, whose server runs its own "
+                    f"detection; replay it there with `runwatch analyze --run {name} --reference "
+                    f"{reference}`"
+                )
+            )
         references = (
-            _reference_curves(self.store_path, reference, name, roles)
-            if reference and monitor and backend is None
-            else None
+            _reference_curves(self.store_path, reference, name, roles) if reference else None
         )
         try:
             self._backend = backend if backend is not None else StoreBackend(self.store_path)
@@ -377,7 +386,8 @@ def init(
 
     ``reference="RUN"``: live detection in reference mode, each loss judged against that
     earlier (known-good) run's curve in the same store, aligned by step, instead of a fit
-    (``runwatch analyze --reference`` does the same on replay).
+    (``runwatch analyze --reference`` does the same on replay). It needs the embedded
+    store's live detection: with ``monitor=False`` or ``url=`` it raises ``ValueError``.
     """
     global _current
     if name is None:
