@@ -71,6 +71,22 @@ def test_fit_respects_the_bounds_on_a_rising_curve():
     assert float(y.min()) + 1e-12 >= law.E
 
 
+def test_weights_decide_which_points_the_fit_follows():
+    """The weighted branch (the detectors always fit with unit weights): points given a
+    tiny weight are all but ignored, and unit weights are the unweighted fit exactly."""
+    bs, _, _ = bin_arrays(np.arange(1, 20_001, dtype=float), np.ones(20_000))
+    truth = 2.0 + 8.0 * (bs + 30.0) ** -0.4
+    y = truth.copy()
+    late = bs > bs[int(0.6 * bs.size)]
+    y[late] += 0.3  # the late bins sit well above the law
+    w = np.where(late, 1e-6, 1.0)
+    weighted = fit_power_law(bs, y, weights=w)
+    plain = fit_power_law(bs, y)
+    np.testing.assert_allclose(weighted.predict(bs), truth, rtol=2e-3)
+    assert np.abs(plain.predict(bs[late]) - truth[late]).max() > 0.05  # pulled up by them
+    assert fit_power_law(bs, y, weights=np.ones_like(y)) == plain
+
+
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_written_out_damped_solves_equal_the_general_cholesky_bit_for_bit(n):
     """The LM step's 4x4 and 3x3 systems are solved by written-out code for speed; it must
