@@ -86,8 +86,8 @@ def analyze_run(
         store.save_anomalies(store.run_id(run), "replay", anomalies, replace=True)
         for metric in losses:
             try:
-                ref = reference if metric in monitor.references else None
-                forecast_run(store, run, metric, reference=ref, align=align)
+                # The curve the replay judged by, not a second read of the reference run.
+                forecast_run(store, run, metric, reference=monitor.references.get(metric))
             except ValueError as exc:
                 log.info("no expected curve for %s/%s: %s", run, metric, exc)
     return Analysis(run, anomalies, monitor.health)
@@ -135,7 +135,7 @@ def forecast_run(
     upto: int | None = None,
     final_step: int | None = None,
     target: float | None = None,
-    reference: str | None = None,
+    reference: str | ReferenceCurve | None = None,
     align: str = "step",
     save: bool = True,
 ) -> Forecast:
@@ -144,8 +144,9 @@ def forecast_run(
     ``final_step`` defaults to the run's planned steps (from its config), else its last
     step. The LR-aware law is used when the run logged ``lr`` (or ``learning_rate``).
     ``reference``: the expected curve is that earlier run's ``metric`` instead (aligned by
-    ``align``, see :func:`reference_curve`). ``target``: also the step at which the
-    expected curve reaches that value (``Forecast.target_step``).
+    ``align``, see :func:`reference_curve`), or a curve already read from it.
+    ``target``: also the step at which the expected curve reaches that value
+    (``Forecast.target_step``).
     """
     series = store.read_series(run, metric)
     if series.empty:
@@ -154,7 +155,11 @@ def forecast_run(
     if final_step is None:
         final_step = planned_final_step(store, run) or int(series["step"].max())
     lr = _learning_rate(store, run)
-    ref = None if reference is None else reference_curve(store, reference, metric, run, align)
+    ref = (
+        reference_curve(store, reference, metric, run, align)
+        if isinstance(reference, str)
+        else reference
+    )
     result = forecast(
         series["step"].to_numpy(),
         series["value"].to_numpy(),
