@@ -1,4 +1,5 @@
-"""Pure frame transforms behind the dashboard: smoothing, x-axes, health, compute, scaling law.
+"""Pure frame transforms behind the dashboard: smoothing, x-axes, health, compute, scaling law,
+and the Markdown tables of the Run page.
 
 Nothing here imports Streamlit, so every rule a person reads off a page (what makes a run
 "critical", how tokens are counted, which law is fitted) is unit-tested on plain frames.

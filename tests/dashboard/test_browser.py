@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from runwatch.dashboard import shaping
+from runwatch.dashboard.preload import COMPILE_HINT
 from runwatch.dashboard.server import dashboard_command, free_port, url_of, wait_ready
 from runwatch.store import open_store
 
@@ -73,6 +74,12 @@ def test_pages_in_a_real_browser_and_a_benign_verdict_is_stored(server) -> None:
             expect(clock.first).to_be_visible()
             # The Run page's HTML tells the browser to fetch plotly.js with the page shell.
             assert "/PlotlyChart." in response.headers.get("link", "")
+            # ... and serves it with the compile hint in front, through Streamlit's own app.
+            chunk = response.headers["link"].split(">", 1)[0].lstrip("<")
+            served = page.request.get(f"{url}/{chunk.removeprefix('./')}")
+            assert served.ok and served.body().startswith(COMPILE_HINT)
+            # The anomaly list under the chart is a Markdown table with severity badges.
+            expect(page.get_by_role("table").get_by_text("nonfinite").first).to_be_visible()
             page.wait_for_timeout(1500)
             page.screenshot(path=str(ARTIFACTS / "run.png"), full_page=True)
 
