@@ -44,6 +44,11 @@ class BackendError(RuntimeError):
         self.retry = retry
 
 
+class ReferenceRefused(ValueError):
+    """The server cannot run reference mode for this run (an unknown reference, one with
+    no loss curve of the run, or no live detection there); ``init`` raises it."""
+
+
 class Backend(Protocol):
     """What the writer needs from a destination. Methods are called from the writer thread
     only, except ``start_run`` (from ``init``) and ``finish`` (after the writer stopped)."""
@@ -52,9 +57,18 @@ class Backend(Protocol):
     """Where the data goes, for messages (a file path or a server URL, never a token)."""
 
     def start_run(
-        self, name: str, project: str | None, config: Mapping[str, Any], resume: bool | None
+        self,
+        name: str,
+        project: str | None,
+        config: Mapping[str, Any],
+        resume: bool | None,
+        reference: str | None = None,
     ) -> tuple[int, int]:
-        """Create or resume the run; return (run_id, attempt). May raise (init reports it)."""
+        """Create or resume the run; return (run_id, attempt). May raise (init reports it).
+
+        ``reference``: reference mode for a destination that runs its own detection (a
+        server); :class:`ReferenceRefused` when it cannot.
+        """
         ...
 
     def write(self, attempt: int, batch: SeriesBatch, events: list[Event]) -> None:
@@ -81,8 +95,15 @@ class StoreBackend:
         self.run_id: int | None = None
 
     def start_run(
-        self, name: str, project: str | None, config: Mapping[str, Any], resume: bool | None
+        self,
+        name: str,
+        project: str | None,
+        config: Mapping[str, Any],
+        resume: bool | None,
+        reference: str | None = None,
     ) -> tuple[int, int]:
+        # ``reference`` is not the store's business here: the Run's own live detection
+        # reads the reference curves from the same file.
         self.run_id, attempt = self.store.start_run(
             name, project=project, config=config, resume=resume
         )

@@ -26,7 +26,7 @@ from typing import Any
 from runwatch.alerting.setup import configure as configure_alerting
 from runwatch.detect.live import LiveDetection
 from runwatch.expect.reference import ReferenceCurve
-from runwatch.hook.backend import Backend, StoreBackend
+from runwatch.hook.backend import Backend, ReferenceRefused, StoreBackend
 from runwatch.hook.drops import DROP_REASONS, DropCounter
 from runwatch.hook.ranks import keeps_metric, rank_info, rank_labels
 from runwatch.hook.transport import HttpBackend, make_backend_from_env
@@ -111,25 +111,23 @@ class Run:
         self._alerting = None
         roles = monitor if isinstance(monitor, Mapping) else None
         # Reference mode is asked for by name: a wrong name, or a run with no live
-        # detection to use it, fails here, before anything is written.
-        if reference and (not monitor or backend is not None):
+        # detection to use it, fails here, before anything is written. With a server, the
+        # server's detection reads the curves from its store (``start_run`` below).
+        if reference and not monitor:
             raise ValueError(
-                f"reference={reference!r} needs live detection on the embedded store, and "
-                + (
-                    "monitor=False turns it off"
-                    if not monitor
-                    else f"this run pushes to {backend.location}, whose server runs its own "
-                    f"detection; replay it there with `runwatch analyze --run {name} --reference "
-                    f"{reference}`"
-                )
+                f"reference={reference!r} needs live detection, and monitor=False turns it off"
             )
         references = (
-            _reference_curves(self.store_path, reference, name, roles) if reference else None
+            _reference_curves(self.store_path, reference, name, roles)
+            if reference and backend is None
+            else None
         )
         try:
             self._backend = backend if backend is not None else StoreBackend(self.store_path)
-            self.run_id, attempt = self._backend.start_run(name, project, self.config, resume)
-        except RunExistsError:
+            self.run_id, attempt = self._backend.start_run(
+                name, project, self.config, resume, reference=reference if backend else None
+            )
+        except (RunExistsError, ReferenceRefused):
             raise
         except Exception as exc:  # the training run must go on without us
             self._backend = None
@@ -386,8 +384,10 @@ def init(
 
     ``reference="RUN"``: live detection in reference mode, each loss judged against that
     earlier (known-good) run's curve in the same store, aligned by step, instead of a fit
-    (``runwatch analyze --reference`` does the same on replay). It needs the embedded
-    store's live detection: with ``monitor=False`` or ``url=`` it raises ``ValueError``.
+    (``runwatch analyze --reference`` does the same on replay). With ``url=``, the server's
+    live detection does it, reading the reference from the server's store. It raises
+    ``ValueError`` (before anything is written) for an unknown reference, one without the
+    run's loss, or with ``monitor=False``.
     """
     global _current
     if name is None:

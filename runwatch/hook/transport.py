@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from runwatch.hook.backend import Backend, BackendError, SeriesBatch
+from runwatch.hook.backend import Backend, BackendError, ReferenceRefused, SeriesBatch
 from runwatch.hook.ranks import launch_id as env_launch_id
 from runwatch.hook.ranks import rank_info
 from runwatch.model import LABEL_KEYS, Event
@@ -170,7 +170,12 @@ class HttpBackend:
 
     # -- the Backend protocol ---------------------------------------------------------------
     def start_run(
-        self, name: str, project: str | None, config: Mapping[str, Any], resume: bool | None
+        self,
+        name: str,
+        project: str | None,
+        config: Mapping[str, Any],
+        resume: bool | None,
+        reference: str | None = None,
     ) -> tuple[int, int]:
         body = {
             "name": name,
@@ -183,6 +188,8 @@ class HttpBackend:
             "rank": self._rank,
             "host": self._host,
         }
+        if reference is not None:  # sent only when asked for: older servers refuse the field
+            body["reference"] = reference
         deadline = self._clock() + self._start_timeout
         delay = 0.2
         while True:
@@ -202,6 +209,8 @@ class HttpBackend:
                         data["how"],
                     )
                     return self.run_id, int(data["attempt"])
+                if reference is not None and _field(reply) == "reference":
+                    raise ReferenceRefused(f"{self.location}: {_reason(reply)}")
                 if reply.status_code == 409:
                     raise RunExistsError(f"{self.location}: {_reason(reply)}")
                 if reply.status_code not in _TRANSIENT:
@@ -503,6 +512,14 @@ def _wire_event(event: Event) -> dict[str, Any]:
         "host": event.host,
         "attrs": json.loads(json.dumps(event.attrs, default=str)),
     }
+
+
+def _field(reply: httpx.Response) -> str | None:
+    """The field an error reply names (``runwatch.server.errors``), if any."""
+    try:
+        return reply.json().get("field")
+    except (ValueError, AttributeError):
+        return None
 
 
 def _reason(reply: httpx.Response) -> str:

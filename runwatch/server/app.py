@@ -29,6 +29,8 @@ from fastapi.security import HTTPBearer
 from pydantic import TypeAdapter
 from starlette.routing import Route
 
+from runwatch.analysis import reference_curves
+from runwatch.expect.reference import ReferenceCurve
 from runwatch.server import schemas as S
 from runwatch.server.auth import RateLimit, TokenCheck
 from runwatch.server.body import parse_many, read_body, read_model
@@ -149,7 +151,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         dependencies=auth,
         tags=["runs"],
         openapi_extra=_body_doc(S.RunStart),
-        responses={**body_errors, **responses(409)},
+        responses={**body_errors, **responses(404, 409)},
     )
     async def start_run(request: Request) -> dict[str, Any]:
         """Create, join or resume a run. Every rank of one launch (same ``launch_id``) gets
@@ -157,6 +159,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
         body = await read_model(request, S.RunStart, *limits)
 
         def join() -> dict[str, Any]:
+            # Reference mode fails before the run is created, as in-process.
+            references = _references(svc, body.reference, body.name) if body.reference else None
             try:
                 run_id, attempt, how = svc.store.join_run(
                     body.name,
@@ -169,6 +173,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
                 )
             except RunExistsError as exc:
                 raise ApiError(409, "run exists", "resume", str(exc)) from None
+            if references:
+                svc.ingest.use_references(run_id, references)
             seq = (
                 svc.store.client_seqs([body.client_id]).get(body.client_id, -1)
                 if body.client_id
@@ -328,6 +334,20 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def _references(svc: _Service, reference: str, run: str) -> dict[str, ReferenceCurve]:
+    """The loss curves of ``reference`` in the server's store, for ``run``'s detection; an
+    error naming the field when the run is unknown (404), or it cannot serve or the server
+    runs no detection (409)."""
+    if not svc.ingest.detects:
+        raise ApiError(409, "no reference mode", "reference", "this server runs no live detection")
+    try:
+        return reference_curves(svc.store, reference, run, svc.settings.detect_config)
+    except LookupError as exc:  # an unknown run
+        raise ApiError(404, "no such run", "reference", str(exc).strip("'\"")) from None
+    except ValueError as exc:  # itself, or no loss curve of the run
+        raise ApiError(409, "no reference mode", "reference", str(exc)) from None
 
 
 def _finish(svc: _Service, run_id: int, body: S.FinishIn) -> str:

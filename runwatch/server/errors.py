@@ -137,8 +137,9 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     text = {
         400: "malformed JSON body",
         401: "missing or wrong bearer token",
-        404: "no such run",
-        409: "conflict: the run exists (resume=false) or the attempt is unknown",
+        404: "no such run (the run, or the reference run named)",
+        409: "conflict: the run exists (resume=false), the attempt is unknown, or reference "
+        "mode cannot be served (no live detection, or no loss curve of the run)",
         413: "body too large (compressed or decompressed)",
         415: "unsupported Content-Type or Content-Encoding",
         422: "a field is invalid (the reply names it)",

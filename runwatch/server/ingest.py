@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from runwatch.detect.live import LiveDetection
+from runwatch.expect.reference import ReferenceCurve
 from runwatch.hook.backend import SeriesPoints
 from runwatch.model import Anomaly, Event
 from runwatch.server.errors import ApiError
@@ -76,6 +77,7 @@ class IngestWriter:
         self._marks: dict[str, int] = {}
         self._attempts: dict[int, set[int]] = {}
         self._detections: dict[int, LiveDetection] = {}
+        self._references: dict[int, Mapping[str, ReferenceCurve]] = {}
         self._thread: threading.Thread | None = None
         self.stored_points = 0
 
@@ -118,6 +120,19 @@ class IngestWriter:
             self._thread.join(timeout)
         for run_id in list(self._detections):
             self.close_detection(run_id, timeout=10.0)
+
+    @property
+    def detects(self) -> bool:
+        """Whether runs get live detection here (``runwatch serve --no-detect`` turns it off)."""
+        return self._detect
+
+    def use_references(self, run_id: int, references: Mapping[str, ReferenceCurve]) -> None:
+        """Reference mode for ``run_id``: its loss series are judged against ``references``
+        by the run's detection when it starts (its first batch; after a finish, the next
+        launch's). Every rank of a launch asks for it: a detection already running keeps
+        its state, since restarting it would forget what it has seen."""
+        with self._lock:
+            self._references[run_id] = dict(references)
 
     def close_detection(self, run_id: int, timeout: float = 10.0) -> None:
         with self._lock:
@@ -273,11 +288,14 @@ class IngestWriter:
     def _detection(self, run_id: int) -> LiveDetection:
         detection = self._detections.get(run_id)
         if detection is None:
+            with self._lock:
+                references = self._references.get(run_id)
             detection = LiveDetection(
                 self.store.path,
                 run_id,
                 self._detect_config,
                 on_change=self._on_change(run_id) if self._on_change else None,
+                references=references,
             )
             with self._lock:
                 self._detections[run_id] = detection

@@ -145,6 +145,12 @@ class RunStart(_Model):
     world_size: Annotated[_int(1, 2**31 - 1) | None, Field(default=None)] = None
     rank: Rank = None
     host: Host = None
+    reference: Name | None = Field(
+        default=None,
+        description="reference mode: the server's live detection judges each loss against "
+        "this earlier run's curve in its store, aligned by step (404: no such run; 409: it "
+        "cannot)",
+    )
 
 
 class RunStarted(BaseModel):

@@ -65,6 +65,26 @@ def labels_key(labels: Mapping[str, Any] | None) -> str:
     return json.dumps(clean, separators=(",", ":"), default=str)
 
 
+def primary_series(rows: Iterable[tuple[int, str]]) -> int:
+    """Of a run's series of one metric, ``(id, labels key)``, the one that stands for the
+    run: the unlabelled one, else one with no rank (a single process: only its host), else
+    the lowest rank's (rank 0 logs the run-level metrics), the first created on a tie.
+
+    >>> primary_series([(7, '{"host":"a","rank":1}'), (9, '{"host":"b","rank":0}')])
+    9
+    >>> primary_series([(7, '{"host":"a","rank":0}'), (8, "{}")])
+    8
+    """
+
+    def order(row: tuple[int, str]) -> tuple[bool, int, int]:
+        labels = json.loads(row[1])
+        rank = labels.get("rank")
+        place = -1 if rank is None else rank if isinstance(rank, int) else 2**62
+        return (bool(labels), place, row[0])
+
+    return min(rows, key=order)[0]
+
+
 class Store(JudgementTables, OutboxTables, IngestTables):
     """A runwatch store in one SQLite file (created, and migrated, on open)."""
 
@@ -296,6 +316,23 @@ class Store(JudgementTables, OutboxTables, IngestTables):
         return run if isinstance(run, int) else self.run_id(run)
 
     # -- series ------------------------------------------------------------------------------
+    def _read_series_id(
+        self, run_id: int, metric: str, labels: Mapping[str, Any] | None
+    ) -> tuple[int] | None:
+        """The series a read means (caller holds the lock): with ``labels``, exactly that
+        one (``{}``: the unlabelled series); with None, the run's own series of ``metric``
+        (``primary_series``), so a run pushed through ``runwatch serve``, whose series
+        carry a host and rank, reads like one logged in-process."""
+        if labels is not None:
+            return self._conn.execute(
+                "SELECT id FROM series WHERE run_id = ? AND metric = ? AND labels = ?",
+                (run_id, metric, labels_key(labels)),
+            ).fetchone()
+        rows = self._conn.execute(
+            "SELECT id, labels FROM series WHERE run_id = ? AND metric = ?", (run_id, metric)
+        ).fetchall()
+        return (primary_series(rows),) if rows else None
+
     def series_id(self, run_id: int, metric: str, labels: Mapping[str, Any] | None = None) -> int:
         """Id of the series (metric + labels) of a run, created on first use."""
         key = (run_id, metric, labels_key(labels))
@@ -430,7 +467,8 @@ class Store(JudgementTables, OutboxTables, IngestTables):
         max_points: int | None = None,
         all_attempts: bool = False,
     ) -> pd.DataFrame:
-        """One series as a frame of step, time, value, attempt (sorted by step).
+        """One series as a frame of step, time, value, attempt (sorted by step): the one
+        with exactly ``labels``, or with None the run's own (``primary_series``).
 
         The latest attempt wins and a repeated step keeps its last value. With
         ``all_attempts=True`` every stored point comes back with a ``superseded`` column
@@ -439,10 +477,7 @@ class Store(JudgementTables, OutboxTables, IngestTables):
         """
         run_id = self._resolve(run)
         with self._lock:
-            row = self._conn.execute(
-                "SELECT id FROM series WHERE run_id = ? AND metric = ? AND labels = ?",
-                (run_id, metric, labels_key(labels)),
-            ).fetchone()
+            row = self._read_series_id(run_id, metric, labels)
             if row is None:
                 return pd.DataFrame(
                     {
@@ -488,10 +523,7 @@ class Store(JudgementTables, OutboxTables, IngestTables):
         """
         run_id = self._resolve(run)
         with self._lock:
-            row = self._conn.execute(
-                "SELECT id FROM series WHERE run_id = ? AND metric = ? AND labels = ?",
-                (run_id, metric, labels_key(labels)),
-            ).fetchone()
+            row = self._read_series_id(run_id, metric, labels)
             starts = self._attempt_starts(run_id)
             cutoffs = attempt_cutoffs(starts)
             parts = []

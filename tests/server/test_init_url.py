@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
+
 import runwatch
 from runwatch.store import open_store
 
-from .conftest import TOKEN
+from .conftest import TOKEN, ServerProcess
 
 
 def test_ranks_of_one_launch_share_a_run_and_rank_policy_applies(server, monkeypatch, tmp_path):
@@ -39,3 +42,41 @@ def test_token_from_the_environment_and_all_ranks_opt_out(server, monkeypatch, t
     with open_store(str(server.db), readonly=True) as store:
         series = store.series("env")
     assert series[["metric", "rank"]].values.tolist() == [["loss", 3]]
+
+
+def _log_curve(name: str, url: str, offset: float = 0.0, **options) -> None:
+    rng = np.random.default_rng(2)
+    with runwatch.init(name=name, url=url, token=TOKEN, **options) as run:
+        for step in range(1, 5001):
+            loss = 2.0 + offset + 8.0 * (step + 20.0) ** -0.4 + rng.normal(0, 0.005)
+            run.log({"loss": loss}, step=step)
+
+
+def _deviations(db, run: str):
+    with open_store(str(db), readonly=True) as store:
+        found = store.anomalies(run)
+    return found[(found["source"] == "live") & (found["detector"] == "curve_deviation")]
+
+
+def test_reference_mode_through_the_server(server, token_file, monkeypatch, tmp_path):
+    monkeypatch.setenv("RUNWATCH_SPILL_DIR", str(tmp_path / "spill"))
+    # The fixture's server stores only: reference mode is refused, by name, at init.
+    with pytest.raises(ValueError, match=r"reference.*no live detection"):
+        runwatch.init(name="early", url=server.url, token=TOKEN, reference="baseline")
+    detecting = ServerProcess(tmp_path / "detected.db", token_file)
+    detecting.start()
+    try:
+        _log_curve("baseline", detecting.url)
+        _log_curve("plain", detecting.url, offset=0.06)
+        _log_curve("versus", detecting.url, offset=0.06, reference="baseline")
+        # A reference the server cannot use fails init, naming it, before the run exists.
+        with pytest.raises(ValueError, match="nope"):
+            runwatch.init(name="lost", url=detecting.url, token=TOKEN, reference="nope")
+    finally:
+        detecting.stop()
+    assert _deviations(detecting.db, "plain").empty  # a fit adapts to the run's own level
+    found = _deviations(detecting.db, "versus")
+    assert (found["severity"] == "warning").any()
+    assert found["message"].str.contains("worse").all()
+    with open_store(str(detecting.db), readonly=True) as store:
+        assert "lost" not in set(store.runs()["name"])
