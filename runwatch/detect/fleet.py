@@ -392,15 +392,16 @@ def fleet_report(
     store: Any, run: str, *, final_step: int | None = None, now: float | None = None
 ) -> FailureReport:
     """Failure, MTBF, goodput and ETA figures of a stored run (:func:`failure_report`)."""
-    metric = step_clock_metric(store.series(run))
+    catalogue = store.series(run)
+    metric = step_clock_metric(catalogue)
     if metric is None:
         raise ValueError(f"run {run!r} has no points to time its steps with")
-    catalogue = store.series(run)
     rows = catalogue[catalogue["metric"] == metric]
     frames = []
     for rec in rows.to_dict("records"):
+        # Each series exactly ({} the unlabelled one), not the run's primary series.
         labels = {k: rec[k] for k in LABEL_KEYS if rec.get(k) is not None and rec[k] == rec[k]}
-        frames.append(store.read_series(run, metric, labels or None, all_attempts=True))
+        frames.append(store.read_series(run, metric, labels, all_attempts=True))
     points = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     return failure_report(
         store.events(run), store.attempts(run), points, final_step=final_step, now=now

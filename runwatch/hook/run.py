@@ -125,7 +125,7 @@ class Run:
         try:
             self._backend = backend if backend is not None else StoreBackend(self.store_path)
             self.run_id, attempt = self._backend.start_run(
-                name, project, self.config, resume, reference=reference if backend else None
+                name, project, self.config, resume, reference=reference
             )
         except (RunExistsError, ReferenceRefused):
             raise

@@ -318,20 +318,21 @@ class Store(JudgementTables, OutboxTables, IngestTables):
     # -- series ------------------------------------------------------------------------------
     def _read_series_id(
         self, run_id: int, metric: str, labels: Mapping[str, Any] | None
-    ) -> tuple[int] | None:
+    ) -> int | None:
         """The series a read means (caller holds the lock): with ``labels``, exactly that
         one (``{}``: the unlabelled series); with None, the run's own series of ``metric``
         (``primary_series``), so a run pushed through ``runwatch serve``, whose series
         carry a host and rank, reads like one logged in-process."""
         if labels is not None:
-            return self._conn.execute(
+            row = self._conn.execute(
                 "SELECT id FROM series WHERE run_id = ? AND metric = ? AND labels = ?",
                 (run_id, metric, labels_key(labels)),
             ).fetchone()
+            return None if row is None else int(row[0])
         rows = self._conn.execute(
             "SELECT id, labels FROM series WHERE run_id = ? AND metric = ?", (run_id, metric)
         ).fetchall()
-        return (primary_series(rows),) if rows else None
+        return primary_series(rows) if rows else None
 
     def series_id(self, run_id: int, metric: str, labels: Mapping[str, Any] | None = None) -> int:
         """Id of the series (metric + labels) of a run, created on first use."""
@@ -477,8 +478,8 @@ class Store(JudgementTables, OutboxTables, IngestTables):
         """
         run_id = self._resolve(run)
         with self._lock:
-            row = self._read_series_id(run_id, metric, labels)
-            if row is None:
+            sid = self._read_series_id(run_id, metric, labels)
+            if sid is None:
                 return pd.DataFrame(
                     {
                         "step": pd.Series(dtype="int64"),
@@ -489,11 +490,11 @@ class Store(JudgementTables, OutboxTables, IngestTables):
                 )
             summarized = None
             if max_points is not None and not all_attempts:
-                summarized = read_summarized(self._conn, row[0], start, end, max_points)
+                summarized = read_summarized(self._conn, sid, start, end, max_points)
             raw = (
                 summarized
                 if summarized is not None
-                else _read_blocks(self._conn, [row[0]], start, end)
+                else _read_blocks(self._conn, [sid], start, end)
             )
             starts = self._attempt_starts(run_id)
         if all_attempts:
@@ -523,17 +524,17 @@ class Store(JudgementTables, OutboxTables, IngestTables):
         """
         run_id = self._resolve(run)
         with self._lock:
-            row = self._read_series_id(run_id, metric, labels)
+            sid = self._read_series_id(run_id, metric, labels)
             starts = self._attempt_starts(run_id)
             cutoffs = attempt_cutoffs(starts)
             parts = []
             for attempt, cutoff in cutoffs.items():
-                if row is None or cutoff == np.inf:
+                if sid is None or cutoff == np.inf:
                     continue
                 lo = int(cutoff) if start is None else max(int(cutoff), int(start))
                 # Only this attempt's blocks: the later attempts' blocks (most of a long
                 # run) hold no redone steps of it and are not decoded.
-                frame = _read_blocks(self._conn, [row[0]], lo, end, attempt=attempt)
+                frame = _read_blocks(self._conn, [sid], lo, end, attempt=attempt)
                 if len(frame):
                     parts.append(frame)
         frame = pd.concat(parts, ignore_index=True) if parts else empty_points()
