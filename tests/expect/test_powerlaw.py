@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from scipy.optimize import least_squares
 
 from runwatch.expect import PowerLaw, bin_arrays, fit_power_law
+from runwatch.expect._lm import cost_at, solve
 from runwatch.expect.powerlaw import _robust_sigma
 
 
@@ -87,20 +90,26 @@ def test_weights_decide_which_points_the_fit_follows():
     assert fit_power_law(bs, y, weights=np.ones_like(y)) == plain
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_written_out_damped_solves_equal_the_general_cholesky_bit_for_bit(n):
-    """The LM step's 4x4 and 3x3 systems are solved by written-out code for speed; it must
-    give exactly the floats of the general solver (the golden anomalies depend on it)."""
-    from runwatch.expect.powerlaw import _damped_solve, _lin_solve
-
-    rng = np.random.default_rng(n)
+def test_solver_never_ends_worse_than_its_start_and_stays_in_the_box():
+    """The compiled LM solver takes a step only when it lowers the cost, clips it into the
+    bounds, and reports the cost of the parameters it returns."""
+    rng = np.random.default_rng(3)
+    lo = [0.0, 0.0, 0.02, 1e-6]
     for _ in range(200):
-        a = rng.standard_normal((n, n)) * rng.lognormal(0, 3, n)
-        h = (a @ a.T).tolist()
-        dh = np.abs(np.diag(a @ a.T)).tolist()
-        lam = float(rng.lognormal(-5, 4))
-        v = rng.standard_normal(n).tolist()
-        damped = [row[:] for row in h]
-        for k in range(n):
-            damped[k][k] += lam * dh[k]
-        assert _damped_solve(h, dh, lam, v) == _lin_solve(damped, v)
+        n = int(rng.integers(6, 30))
+        xs = np.sort(rng.uniform(0.0, 1.0, n))
+        ys = 1.0 + 3.0 * (xs + 0.01) ** -0.3 * (1.0 + 0.05 * rng.standard_normal(n))
+        hi = [float(ys.min()), math.inf, 3.0, 1.0]
+        p0 = [float(rng.uniform(0, ys.min())), float(rng.uniform(0, 10))]
+        p0 += [float(rng.uniform(0.02, 3.0)), float(rng.uniform(1e-6, 1.0))]
+        sws = None if n % 2 else np.sqrt(rng.uniform(0.1, 3.0, n))
+        p, cost = solve(xs, ys, sws, p0, lo, hi, 0.01)
+        assert cost <= cost_at(xs, ys, sws, p0, 0.01)
+        assert cost == cost_at(xs, ys, sws, p, 0.01)
+        assert all(low <= v <= high for v, low, high in zip(p, lo, hi, strict=True))
+
+
+def test_solver_refuses_a_start_whose_cost_is_not_finite():
+    xs, ys = np.linspace(0.0, 1.0, 8), np.linspace(3.0, 2.0, 8)
+    p, cost = solve(xs, ys, None, [math.nan, 1.0, 0.5, 0.1], [0.0] * 4, [2.0] * 4, 0.01)
+    assert cost == math.inf and math.isnan(p[0])
