@@ -19,7 +19,6 @@ came (``runwatch.expect.lrclock.areas_at``).
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable
 
@@ -28,7 +27,7 @@ import pandas as pd
 
 from runwatch.detect.base import LRAware
 from runwatch.detect.monitor import Monitor, _norm_label
-from runwatch.expect.lrclock import LRClock, State, areas_at
+from runwatch.expect.lrclock import LRClock, areas_at
 from runwatch.model import LABEL_KEYS, Anomaly
 
 
@@ -120,30 +119,23 @@ def _series_codes(cols: list[np.ndarray]) -> np.ndarray:
     return codes
 
 
-def _clock_states(clock: LRClock) -> tuple[list[State], np.ndarray]:
+def _clock_states(clock: LRClock) -> tuple[np.ndarray, np.ndarray]:
     """The clock's state before a batch, as made by a row before all of it (row -1)."""
     last = clock.last
     if last is None:
-        return [], np.empty(0, dtype=np.int64)
-    return [last], np.array([-1], dtype=np.int64)
+        return np.empty((0, 5)), np.empty(0, dtype=np.int64)
+    return np.array([last], dtype=float), np.array([-1], dtype=np.int64)
 
 
 def _feed_clock(
     clock: LRClock, rows: np.ndarray, st: np.ndarray, v: np.ndarray
-) -> tuple[list[State], np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray]:
     """Feed the LR series to the clock as ``Monitor.update`` does; return each state it
-    made and the row that made it, after the state it had before (row -1)."""
-    states, made = _clock_states(clock)
-    made_l = made.tolist()
-    last = clock.last
-    for r, s, x in zip(rows.tolist(), st.tolist(), v.tolist(), strict=True):
-        if math.isfinite(x):
-            clock.add(s, x)
-            if clock.last is not last:
-                last = clock.last
-                states.append(last)
-                made_l.append(r)
-    return states, np.array(made_l, dtype=np.int64)
+    made (rows of step, lr, S1, S2, momentum) and the row that made it, after the state it
+    had before (row -1)."""
+    before, before_rows = _clock_states(clock)
+    made, states = clock.add_many(st, v)
+    return np.concatenate((before, states)), np.concatenate((before_rows, rows[made]))
 
 
 def _run_series(
@@ -152,7 +144,7 @@ def _run_series(
     rows: np.ndarray,
     st: np.ndarray,
     v: np.ndarray,
-    lr_fed: tuple[list[State], np.ndarray],
+    lr_fed: tuple[np.ndarray, np.ndarray],
 ) -> None:
     if st.size and np.any(np.diff(st) < 0):  # pragma: no cover - replay order forbids it
         raise ValueError("batch replay needs steps in order within each series")
@@ -164,7 +156,7 @@ def _run_series(
     _nonfinite(mon, series, rows_l, steps_l, values_l, np.flatnonzero(~np.isfinite(v)))
     # The points' LR areas, once for every detector of the series that judges by the LR.
     by_lr = [isinstance(d, LRAware) and bool(d.lr_clock) for d in series.detectors]
-    areas = areas_at(*lr_fed, rows, st) if lr_fed[0] and any(by_lr) else None
+    areas = areas_at(*lr_fed, rows, st) if len(lr_fed[0]) and any(by_lr) else None
     for i in range(1, len(series.detectors)):
         det = series.detectors[i]
         on_error = lambda k, det=det: mon._failed(series, det, steps_l[k])  # noqa: E731

@@ -19,6 +19,7 @@ from functools import cache
 
 import numpy as np
 
+from runwatch.expect._lrclock import advance
 from runwatch.expect.lrlaw import DECAY
 
 MAX_GAP = 50_000
@@ -99,6 +100,22 @@ class LRClock:
         m = lam_k * m - dd * (1.0 - lam_k) / (1.0 - DECAY)
         self._states.append((step, lr, s1, s2, m))
 
+    def add_many(self, steps: np.ndarray, lrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``add`` for each finite LR of a series, in order (batch replay's LR feed,
+        compiled: the same states bit for bit). Returns the index of the point that made
+        each new state (an int array) and the states as rows (step, lr, S1, S2, momentum).
+        """
+        made, states = advance(
+            self.last,
+            np.ascontiguousarray(steps, dtype=np.int64),
+            np.ascontiguousarray(lrs, dtype=float),
+            _decay_sums_array(),
+            DECAY,
+        )
+        for step, lr, s1, s2, m in states[-self.keep :].tolist():
+            self._states.append((int(step), lr, s1, s2, m))
+        return made, states
+
     def areas(self, step: int) -> tuple[float, float] | None:
         """S1 and S2 at ``step`` from the latest state at or before it (None: no LR yet)."""
         states = self._states
@@ -124,10 +141,11 @@ def extrapolate(state: State, step: int) -> tuple[float, float]:
 
 
 def areas_at(
-    states: list[State], state_rows: np.ndarray, rows: np.ndarray, steps: np.ndarray
+    states: np.ndarray, state_rows: np.ndarray, rows: np.ndarray, steps: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """What ``LRClock.areas`` answered for points at ``rows``/``steps`` of a replay in
-    which the clock was fed ``states`` at ``state_rows`` (NaN where no LR had come yet).
+    which the clock made ``states`` (rows of step, lr, S1, S2, momentum) at ``state_rows``
+    (NaN where no LR had come yet).
 
     Bit for bit the same floats: the same products and sums, in numpy.
     """
@@ -136,13 +154,11 @@ def areas_at(
     s2 = np.full(n, math.nan)
     idx = np.searchsorted(state_rows, rows, side="left") - 1
     ok = np.flatnonzero(idx >= 0)
-    if ok.size == 0 or not states:
+    if ok.size == 0 or len(states) == 0:
         return s1, s2
-    arr = np.array([st[1:] for st in states], dtype=float)
-    last = np.array([st[0] for st in states], dtype=np.int64)
     i = idx[ok]
-    k = np.maximum(steps[ok].astype(np.int64) - last[i], 0)
+    k = np.maximum(steps[ok].astype(np.int64) - states[i, 0].astype(np.int64), 0)
     g = _decay_sums_array()[np.minimum(k, MAX_GAP)]
-    s1[ok] = arr[i, 1] + arr[i, 0] * k
-    s2[ok] = arr[i, 2] + arr[i, 3] * g
+    s1[ok] = states[i, 2] + states[i, 1] * k
+    s2[ok] = states[i, 3] + states[i, 4] * g
     return s1, s2

@@ -94,3 +94,34 @@ def test_area_law_recovers_a_noiseless_law_and_fits_without_an_anneal():
     flat = fit_area_law(s1[idx], np.zeros(idx.size), 2.0 + 3.0 * s1[idx] ** -0.4)
     assert flat.C == 0.0
     assert flat.part(s1[-1], 5.0) == pytest.approx(3.0 * s1[-1] ** -0.4, rel=1e-3)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_add_many_makes_the_states_add_makes_bit_for_bit(seed):
+    """Batch replay feeds the LR through the compiled ``add_many``; ``add`` is the
+    definition. Gaps of every size (one beyond the decay table, one past 64-bit
+    ``k·(k+1)``), repeated steps, NaN and a warmup are in the series."""
+    rng = np.random.default_rng(seed)
+    steps = np.cumsum(rng.choice([0, 1, 1, 1, 5, 250], size=3000)) + int(rng.integers(-3, 3))
+    steps[1500:] += 60_000  # a gap longer than MAX_GAP
+    steps[2500:] += 4_000_000_000  # k·(k+1) beyond 64 bits: Python's integers do it
+    lrs = schedule(3000) * rng.uniform(0.5, 1.5)
+    lrs[rng.integers(0, 3000, 20)] = math.nan
+    one = LRClock(keep=10_000)
+    made = []
+    for i, (st, lr) in enumerate(zip(steps.tolist(), lrs.tolist(), strict=True)):
+        if math.isfinite(lr):
+            before = one.last
+            one.add(st, lr)
+            if one.last is not before:
+                made.append(i)
+    many = LRClock(keep=1000)
+    first = len(steps) // 3  # the batch continues a clock already fed
+    for st, lr in zip(steps[:first].tolist(), lrs[:first].tolist(), strict=True):
+        if math.isfinite(lr):
+            many.add(st, lr)
+    got_made, states = many.add_many(steps[first:], lrs[first:])
+    want = list(one._states)
+    assert [i + first for i in got_made.tolist()] == [i for i in made if i >= first]
+    assert [(int(r[0]), *r[1:]) for r in states.tolist()] == want[-len(states) :]
+    assert list(many._states) == want[-1000:]
