@@ -38,6 +38,7 @@ def feed_batch(
     steps: np.ndarray,
     values: np.ndarray,
     progress: Callable[[int], None] | None = None,
+    series_codes: np.ndarray | None = None,
 ) -> list[Anomaly] | None:
     """Feed rows in replay order (by step; within a step, any fixed series order) into
     ``mon``, fresh or not: what ``Monitor.update`` row by row would do. Returns the
@@ -45,12 +46,14 @@ def feed_batch(
     each once), or None if it cannot - a series whose steps go back from where it was
     (a restart or a late point), or raw labels that normalise alike - and then nothing
     was fed and the caller streams instead. Live detection feeds each written batch so.
-    ``progress`` is told the rows fed so far after each series.
+    ``progress`` is told the rows fed so far after each series. ``series_codes``: a code
+    per row, one per series, when the caller has them already (``_series_codes`` makes
+    them otherwise).
     """
     n = steps.size
     if n == 0:
         return []
-    codes = _series_codes([metric, *label_cols.values()])
+    codes = _series_codes([metric, *label_cols.values()]) if series_codes is None else series_codes
     order = np.argsort(codes, kind="stable")
     bounds = np.flatnonzero(np.diff(codes[order])) + 1
     groups = np.split(order, bounds)

@@ -35,21 +35,25 @@ def _batch(mon: Monitor, points: ReplayInput, progress: Callable[[int], None] | 
 
     if mon._series or len(mon._anomalies):
         return False
-    found = feed_batch(mon, points.metric, points.labels, points.steps, points.values, progress)
+    found = feed_batch(
+        mon, points.metric, points.labels, points.steps, points.values, progress, points.series
+    )
     return found is not None
 
 
-def _objects(column: pd.Series, order: np.ndarray | None) -> np.ndarray:
-    """``column.to_numpy(dtype=object)[order]``, with one Python object per distinct value.
+def _objects(column: pd.Series, order: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """``column.to_numpy(dtype=object)[order]``, with one Python object per distinct value,
+    and a code per row (equal values, missing ones alike, share one).
 
     Converting a string or number column row by row makes one Python object per row
     (~60 bytes each: 180 MB for a 3M-point run's metric names); taking the few distinct
-    values by code makes only pointers to them. An object column is taken as it is.
+    values by code makes only pointers to them.
     """
-    if column.dtype == object:
-        return _take(column.to_numpy(), order)
     codes, uniques = pd.factorize(column, use_na_sentinel=False)
-    return np.asarray(uniques, dtype=object)[_take(codes, order)]
+    codes = _take(codes, order)
+    if column.dtype == object:
+        return _take(column.to_numpy(), order), codes
+    return np.asarray(uniques, dtype=object)[codes], codes
 
 
 def _take(values: np.ndarray, order: np.ndarray | None) -> np.ndarray:
@@ -70,6 +74,8 @@ class ReplayInput:
     steps: np.ndarray
     values: np.ndarray
     times: np.ndarray
+    series: np.ndarray | None = None
+    """A code per row, one per series (metric and labels): batch replay groups by it."""
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -86,9 +92,14 @@ def replay_input(points: pd.DataFrame) -> ReplayInput:
     in_order = n < 2 or bool(np.all(steps[1:] >= steps[:-1]))
     order = None if in_order else np.argsort(steps, kind="stable")
     label_cols = [k for k in LABEL_KEYS if k in points.columns and not points[k].isna().all()]
+    metric, series = _objects(points["metric"], order)
+    labels = {}
+    for k in label_cols:
+        labels[k], codes = _objects(points[k], order)
+        series = pd.factorize(series * (int(codes.max()) + 1) + codes)[0]  # < n: no overflow
     return ReplayInput(
-        metric=_objects(points["metric"], order),
-        labels={k: _objects(points[k], order) for k in label_cols},
+        metric=metric,
+        labels=labels,
         steps=_take(steps, order).astype(np.int64, copy=False),
         values=_take(points["value"].to_numpy(dtype=float), order),
         times=(
@@ -96,6 +107,7 @@ def replay_input(points: pd.DataFrame) -> ReplayInput:
             if "time" in points.columns
             else np.full(n, np.nan)
         ),
+        series=series,
     )
 
 

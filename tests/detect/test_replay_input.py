@@ -65,3 +65,17 @@ def vars_of(a):
 def test_an_empty_frame_replays_to_nothing():
     assert analyze_frame(pd.DataFrame({"metric": [], "step": [], "value": []})) == []
     assert len(replay_input(pd.DataFrame())) == 0
+
+
+def test_replay_input_codes_each_series_once_by_metric_and_labels():
+    """The series codes batch replay groups by: equal metric and labels (missing alike)
+    share a code, and any difference in either gives another."""
+    frame = _frame(shuffle=True)
+    frame.loc[frame.index[:5], "rank"] = 7  # a few rows of a series of their own
+    got = replay_input(frame)
+    keys = [(m, r) for m, r in zip(got.metric.tolist(), got.labels["rank"].tolist(), strict=True)]
+    keys = [(m, None if r is None or r != r else float(r)) for m, r in keys]
+    by_key: dict = {}
+    for code, key in zip(got.series.tolist(), keys, strict=True):
+        assert by_key.setdefault(key, code) == code
+    assert len(set(by_key.values())) == len(by_key) == len(set(keys))
