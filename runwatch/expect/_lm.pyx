@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
-"""The power-law fit's bounded Levenberg-Marquardt solver, compiled.
+"""The expected-curve fits' bounded Levenberg-Marquardt solver, compiled.
 
 Every expected-curve refit runs this loop (two fits a refit, ~25 iterations each, on a
 dozen or two binned points): in Python floats it was ~18% of a batch replay of the real
@@ -8,8 +8,11 @@ it (the same sums in the same order, ``pow`` for ``**``, Python's ``max``/``min`
 tie-breaking), so the fitted curves, and the anomalies that follow from them, did not
 change (the real-run golden file pins them).
 
-The model is r_i = w_i·(E + A·(x_i + s0)^-α − y_i) under scipy's soft-L1 loss
-ρ(r²) = 2f²(√(1 + r²/f²) − 1), with the analytic Jacobian; see ``solve``.
+Two models, both under scipy's soft-L1 loss ρ(r²) = 2f²(√(1 + r²/f²) − 1), with
+analytic Jacobians (see ``solve``):
+- the power law in the step, r_i = w_i·(E + A·(x_i + s0)^-α − y_i), p = (E, A, α, s0);
+- the LR-area law (``zs`` given: the annealing areas), r_i = w_i·(E + A·x_i^-α − C·z_i −
+  y_i), p = (E, A, α, C), where x is the forward area S1.
 """
 
 from libc.math cimport INFINITY, fabs, isfinite, log, pow, sqrt
@@ -20,6 +23,7 @@ cdef struct Problem:
     const double* xs   # scaled steps, >= 0
     const double* ys   # values
     const double* sws  # square roots of the weights, NULL: every weight 1
+    const double* zs   # annealing areas (the LR-area law), NULL: the power law
     Py_ssize_t n
     double f2          # the soft-L1 scale, squared
 
@@ -42,10 +46,14 @@ cdef double _residuals(Problem* pb, const double* p, double* r, double* base,
     cdef double total = 0.0, q, ri
     cdef Py_ssize_t i
     for i in range(pb.n):
-        base[i] = pb.xs[i] + s0  # > 0: x >= 0 and s0 >= 1e-6
+        # > 0: x >= 0 and s0 >= 1e-6 for the power law; S1 > 0 for the area law
+        base[i] = pb.xs[i] if pb.zs != NULL else pb.xs[i] + s0
         q = pow(base[i], neg)
         pw[i] = q
-        ri = e + a * q - pb.ys[i]
+        ri = e + a * q
+        if pb.zs != NULL:
+            ri = ri - p[3] * pb.zs[i]
+        ri = ri - pb.ys[i]
         if pb.sws != NULL:
             ri = pb.sws[i] * ri
         r[i] = ri
@@ -73,7 +81,7 @@ cdef void _normal_equations(Problem* pb, const double* p, const double* r,
         j1 = j0 * pw[i]  # the Jacobian's row: d r / d (E, A, alpha, s0)
         t = neg_a * j1
         j2 = t * log(b)
-        j3 = t * alpha / b
+        j3 = -j0 * pb.zs[i] if pb.zs != NULL else t * alpha / b
         u = 1.0 + ri * ri / f2
         su = sqrt(u)
         gw = ri / su
@@ -175,12 +183,14 @@ cdef double _cube(double x) noexcept nogil:
     return -pow(-x, 3.0) if x < 0.0 else pow(x, 3.0)
 
 
-def cost_at(const double[::1] xs, const double[::1] ys, sws, p, double f2) -> float:
-    """The soft-L1 cost of the fit's points at parameters ``p`` = (E, A, α, s0)."""
+def cost_at(const double[::1] xs, const double[::1] ys, sws, p, double f2, zs=None) -> float:
+    """The soft-L1 cost of the fit's points at parameters ``p`` (see ``solve``)."""
     cdef Problem pb
     cdef double pp[4]
     cdef Py_ssize_t n = xs.shape[0]
     cdef const double[::1] w
+    cdef const double[::1] z
+    cdef int k
     cdef double* buf = <double*> malloc(3 * max(n, 1) * sizeof(double))
     if buf == NULL:
         raise MemoryError()
@@ -190,6 +200,10 @@ def cost_at(const double[::1] xs, const double[::1] ys, sws, p, double f2) -> fl
     if sws is not None:
         w = sws
         pb.sws = &w[0] if n else NULL
+    pb.zs = NULL
+    if zs is not None:
+        z = zs
+        pb.zs = &z[0] if n else NULL
     pb.n = n
     pb.f2 = f2
     for k in range(4):
@@ -201,13 +215,16 @@ def cost_at(const double[::1] xs, const double[::1] ys, sws, p, double f2) -> fl
 
 
 def solve(const double[::1] xs, const double[::1] ys, sws, p0, lo, hi, double f2,
-          int max_iter=100, double ftol=1e-10) -> tuple[list[float], float]:
+          int max_iter=100, double ftol=1e-10, zs=None) -> tuple[list[float], float]:
     """Bounded Levenberg-Marquardt on the soft-L1 cost; returns (parameters, cost).
 
-    ``xs``, ``ys``: the points (scaled steps, values); ``sws``: square roots of their
-    weights, or None for weights of 1. The robust loss enters as in scipy
+    ``xs``, ``ys``: the points (scaled steps, or forward areas for the area law);
+    ``sws``: square roots of their weights, or None for weights of 1; ``zs``: the
+    annealing areas of the LR-area law, None for the power law. The robust loss enters as
+    in scipy
     (``_normal_equations``). A parameter on a bound whose gradient pushes it outward is
-    held there for that step; steps are clipped into the box [``lo``, ``hi``]. Only steps
+    held there for that step, and one whose bounds are equal is held for good; steps are
+    clipped into the box [``lo``, ``hi``]. Only steps
     that lower the cost are taken, so the result is never worse than ``p0``; the damping
     follows Nielsen's update. Stops after ``max_iter`` steps, when a step gains less than
     ``ftol`` of the cost, or when no parameter moves.
@@ -215,6 +232,7 @@ def solve(const double[::1] xs, const double[::1] ys, sws, p0, lo, hi, double f2
     cdef Problem pb
     cdef Py_ssize_t n = xs.shape[0]
     cdef const double[::1] w
+    cdef const double[::1] z
     cdef double p[4]
     cdef double pn[4]
     cdef double plo[4]
@@ -246,6 +264,10 @@ def solve(const double[::1] xs, const double[::1] ys, sws, p0, lo, hi, double f2
     if sws is not None:
         w = sws
         pb.sws = &w[0] if n else NULL
+    pb.zs = NULL
+    if zs is not None:
+        z = zs
+        pb.zs = &z[0] if n else NULL
     pb.n = n
     pb.f2 = f2
     for k in range(4):
@@ -260,6 +282,8 @@ def solve(const double[::1] xs, const double[::1] ys, sws, p0, lo, hi, double f2
             _normal_equations(&pb, p, r, base, pw, g, h)
             nf = 0
             for k in range(4):
+                if plo[k] == phi[k]:
+                    continue  # fixed: C of an area law fitted with no anneal in its data
                 if not ((p[k] <= plo[k] and g[k] > 0) or (p[k] >= phi[k] and g[k] < 0)):
                     free_k[nf] = k
                     nf += 1
