@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from runwatch.detect._spike_kernel import quiet_stretch
 from runwatch.detect.base import (
     Detector,
     Signal,
@@ -15,8 +16,6 @@ from runwatch.detect.base import (
     check_number,
     guarded,
     robust_scale,
-    robust_scales,
-    windows,
 )
 from runwatch.detect.spikescore import SpikeScore
 
@@ -196,78 +195,27 @@ class Spike(Detector):
         values: Sequence[float],
         on_error: Callable[[int], None] | None = None,
     ) -> list[tuple[int, Signal]]:
-        """``update`` point by point, with the quiet stretches done in numpy (same result).
+        """``update`` point by point, with the quiet points done by a compiled loop.
 
-        A quiet stretch is one where no point is flagged: every point is then learned, so
-        the baseline median, the noise scale (recomputed every 8 learned points) and the
-        test of each point follow from the values alone. A window of points is tested
-        that way, the state moved to just before the first point that could be flagged
-        (or be non-finite, or end log space), and that point goes through ``update``.
+        Every point nothing is flagged on is learned, and the baseline median, the noise
+        scale and the test of the next point follow from the values alone:
+        ``quiet_stretch`` runs that loop in C (the same floats) and stops at the first
+        point that is flagged or ends log space, which goes through ``_judge``.
         """
         check_lengths(steps, values)
         out: list[tuple[int, Signal]] = []
         vals = np.asarray(values, dtype=float)
         n = vals.size
-        finite = np.isfinite(vals)
         # The spike score sees every finite value whatever the detector decides: count
         # them all at once; the points below then skip it (``_judge``, not ``update``).
-        self._score.update_many(vals[finite])
-        ok = finite & (vals > 0)
-        logs = np.full(n, math.nan)
-        logs[ok] = list(map(math.log, vals[ok].tolist()))  # math.log, as update takes it
-        vectorise = self.min_points < self.window  # else the scale is redone every point
+        self._score.update_many(vals)
         i = 0
-        chunk = 256
-        while i < n:
-            if vectorise and not self._run and len(self._buf) >= self.min_points:
-                stop = min(n, i + chunk)
-                j = self._quiet_stretch(vals, logs, i, stop)
-                chunk = min(chunk * 2, 8192) if j == stop else 256
-                i = j
-                if i >= n:
-                    break
-            if finite[i]:
-                sig = guarded(self._judge, steps[i], values[i], i, on_error)
-                if sig is not None:
-                    out.append((i, sig))
+        while (i := quiet_stretch(self, vals, i)) < n:
+            sig = guarded(self._judge, steps[i], values[i], i, on_error)
+            if sig is not None:
+                out.append((i, sig))
             i += 1
         return out
-
-    def _quiet_stretch(self, vals: np.ndarray, logs: np.ndarray, a: int, b: int) -> int:
-        """Learn points a..b-1 as ``update`` would while none is flagged; return where that
-        stops (the first point that needs ``_judge``), with the state moved up to it."""
-        seg = vals[a:b]
-        bad = ~np.isfinite(seg)
-        if self._log:
-            bad |= seg <= 0
-        k = int(bad.argmax()) if bad.any() else seg.size
-        if k == 0:
-            return a
-        x = logs[a : a + k] if self._log else seg[:k]
-        buf = self._buf
-        m = len(buf)
-        z_all = np.concatenate((buf, x))
-        cw = self.center_window
-        win = np.sort(windows(z_all[m - cw : m + k - 1], cw), axis=1)
-        h = cw // 2
-        center = win[:, h] if cw % 2 else 0.5 * (win[:, h - 1] + win[:, h])
-        # Scale recomputations: after learning point j when the count since the last one
-        # reaches 8 (j = r0, r0 + 8, ...), over the last ``window`` learned values; point
-        # j is tested with the scale of the recomputations before it, (j - r0 + 7) // 8.
-        r0 = 7 - self._since_scale
-        rec = np.arange(r0, k, 8)
-        scales = np.array([self._scale, *robust_scales(z_all, m + rec + 1, self.window)])
-        before = np.maximum(np.arange(k) - r0 + 7, 0) // 8
-        scale = np.maximum(scales[before], 1e-12)
-        dev = x - center
-        z = dev / scale
-        hit = ~((z < self.threshold) | (dev < self.min_delta))
-        c = int(hit.argmax()) if hit.any() else k
-        # Move the state to just before point c: points a .. a+c-1 were learned.
-        self._buf = z_all[max(0, m + c - self.window) : m + c].tolist()
-        self._since_scale = (self._since_scale + c) % 8
-        self._scale = float(scales[max(c - r0 + 7, 0) // 8])
-        return a + c
 
     def _signal(
         self, step: int, value: float, center: float, scale: float, z: float, run: int, adapted

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from runwatch.detect._spike_kernel import score_many
+
 
 class SpikeScore:
     """Share of points more than ``sigmas`` σ from the rolling mean of the last ``window``.
@@ -90,71 +92,9 @@ class SpikeScore:
         return spike
 
     def update_many(self, values: Sequence[float]) -> int:
-        """``update`` over many finite values in order, in numpy; return how many spikes.
+        """``update`` over many values in order, compiled; return how many spikes.
 
-        Bit for bit what ``update`` gives: the running sums are formed by the same
-        additions in the same order (a sequential cumulative sum, restarted from
-        ``math.fsum`` at each rebuild). Falls back to ``update`` for huge values.
+        Bit for bit what ``update`` gives: the same additions to the running sums in
+        the same order, and ``math.fsum``'s algorithm at each rebuild.
         """
-        v = np.asarray(values, dtype=float)
-        if v.size == 0:
-            return 0
-        if not np.all(np.isfinite(v)) or np.any(np.abs(v) > 1e100):
-            return sum(self.update(x) for x in v.tolist())
-        w = self.window
-        ring = self._ring
-        chrono = ring[self._pos :] + ring[: self._pos] if len(ring) == w else list(ring)
-        l0 = len(chrono)
-        seq = np.concatenate((np.asarray(chrono, dtype=float), v))
-        m = v.size
-        j = np.arange(m)
-        k = np.minimum(l0 + j, w)  # ring size before point j
-        full = l0 + j >= w  # point j replaces the oldest value
-        old = np.where(full, seq[np.maximum(l0 + j - w, 0)], 0.0)
-        # Rebuilds happen after the points where the count since the last one reaches w.
-        first = w - self._since_rebuild - 1
-        cuts = list(range(first, m, w))
-        sums = np.empty(m)
-        sumsqs = np.empty(m)
-        s_now, q_now = self._sum, self._sumsq
-        a = 0
-        for b in [*(c + 1 for c in cuts), m]:
-            if b <= a:
-                continue
-            fs, jj = full[a:b], np.arange(a, b)
-            # Terms in the order update applies them: (-old, -old²) then (+v, +v²).
-            idx = np.repeat(jj, np.where(fs, 2, 1))
-            is_old = np.zeros(idx.size, dtype=bool)
-            starts = np.cumsum(np.where(fs, 2, 1)) - np.where(fs, 2, 1)
-            is_old[starts[fs]] = True
-            ts = np.where(is_old, -old[idx], v[idx])
-            tq = np.where(is_old, -(old[idx] * old[idx]), v[idx] * v[idx])
-            cs = np.cumsum(np.concatenate(([s_now], ts)))
-            cq = np.cumsum(np.concatenate(([q_now], tq)))
-            # The sums a point is tested against are those before its own terms.
-            sums[a:b] = cs[starts]
-            sumsqs[a:b] = cq[starts]
-            s_now, q_now = float(cs[-1]), float(cq[-1])
-            if b - 1 in cuts:
-                end = l0 + b
-                last = seq[max(0, end - w) : end]
-                s_now = math.fsum(last.tolist())
-                q_now = math.fsum((last * last).tolist())
-            a = b
-        kk = np.maximum(k, 1)
-        mean = sums / kk
-        var = np.maximum(sumsqs / kk - mean * mean, 0.0)
-        spike = (k >= 2) & (var > 0) & (np.abs(v - mean) > self.sigmas * np.sqrt(var))
-        n_sp = int(spike.sum())
-        self._n += m
-        self._n_spikes += n_sp
-        tail = seq[-w:].tolist()
-        total = l0 + m
-        if total < w:
-            self._ring, self._pos = tail, 0
-        else:
-            pos = (self._pos + total - w) % w  # one step per replaced value
-            self._ring, self._pos = tail[w - pos :] + tail[: w - pos], pos
-        self._sum, self._sumsq = s_now, q_now
-        self._since_rebuild = (self._since_rebuild + m) % w
-        return n_sp
+        return score_many(self, np.asarray(values, dtype=float))
