@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
-from runwatch.detect.base import Detector, Signal, check_number
+import numpy as np
+
+from runwatch.detect._lr_kernel import learn_quiet
+from runwatch.detect.base import Detector, Signal, check_lengths, check_number, guarded
 
 
 class LRSanity(Detector):
@@ -149,6 +153,29 @@ class LRSanity(Detector):
             vals.clear()
             self._learn(step, value)
         return sig
+
+    def update_many(
+        self,
+        steps: Sequence[int],
+        values: Sequence[float],
+        on_error: Callable[[int], None] | None = None,
+    ) -> list[tuple[int, Signal]]:
+        """``update`` point by point, with the points it only learns from done in compiled
+        code (``_lr_kernel.learn_quiet``: the same floats); each point it could flag goes
+        through ``update`` itself."""
+        check_lengths(steps, values)
+        st = np.asarray(steps, dtype=np.int64)
+        vs = np.asarray(values, dtype=float)
+        out: list[tuple[int, Signal]] = []
+        i, n = 0, len(vs)
+        while True:
+            i = learn_quiet(self, st, vs, i)
+            if i >= n:
+                return out
+            sig = guarded(self.update, steps[i], values[i], i, on_error)
+            if sig is not None:
+                out.append((i, sig))
+            i += 1
 
     def _signal(self, sev: str, value: float, pred: float, resid: float, what: str) -> Signal:
         tol = self.jump_tol * self._peak
