@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from runwatch.detect.base import (
-    Detector,
-    Signal,
-    check_lengths,
-    check_number,
-    guarded,
-    windows,
-)
+from runwatch.detect._regression_kernel import Quiet
+from runwatch.detect.base import Detector, Signal, check_lengths, check_number, guarded
 
 
 class Regression(Detector):
@@ -180,114 +173,20 @@ class Regression(Detector):
         values: Sequence[float],
         on_error: Callable[[int], None] | None = None,
     ) -> list[tuple[int, Signal]]:
-        """``update`` point by point, with the quiet stretches done in numpy (same result).
-
-        In a quiet stretch every point is learned and the CUSUM stays at or below ``h``:
-        the baselines (median and MAD of the last ``window`` learned points, redone every
-        8) then follow from the values alone and are computed at once, the CUSUM in a
-        plain loop. The stretch stops before the first point that is an outlier (not
-        learned) or lifts the CUSUM above ``h``; that point goes through ``update``.
-        """
+        """``update`` point by point, with the unflagged points done by a compiled loop
+        (``_regression_kernel.Quiet``: the same operations, the same result); only a
+        flagged point, or one ``update`` raises on, goes through ``update`` itself."""
         check_lengths(steps, values)
-        if self.min_points >= self.window:  # pragma: no cover - the scale is redone per point
-            return super().update_many(steps, values, on_error)
         out: list[tuple[int, Signal]] = []
-        vals = np.asarray(values, dtype=float)
-        idx = np.flatnonzero((vals > 0) & np.isfinite(vals))  # update ignores the others
-        dl = self._sign * np.array(list(map(math.log, vals[idx].tolist())))
-        idx_l = idx.tolist()
-        p, chunk = 0, 32
-        # A stretch is tried when its first point cannot lift the CUSUM above h: near h
-        # a stretch would stop at once, so those points go through update.
-        calm = self.h - (self.clip - self.k)
-        while p < len(idx_l):
-            if not self._flagged and len(self._buf) >= self.min_points and self._cusum <= calm:
-                stop = min(len(idx_l), p + chunk)
-                q = self._quiet_stretch(dl, p, stop)
-                chunk = min(chunk * 2, 8192) if q == stop else 32
-                if q > p:
-                    p = q
-                    continue
-            i = idx_l[p]
-            sig = guarded(self.update, steps[i], values[i], i, on_error)
+        vals = np.ascontiguousarray(values, dtype=float)
+        quiet = Quiet(self)
+        p = quiet.run(vals, 0)
+        while p < len(vals):
+            sig = guarded(self.update, steps[p], values[p], p, on_error)
             if sig is not None:
-                out.append((i, sig))
-            p += 1
+                out.append((p, sig))
+            p = quiet.run(vals, p + 1)
         return out
-
-    def _quiet_stretch(self, dl: np.ndarray, a: int, b: int) -> int:
-        """Run points a..b-1 of ``dl`` as ``update`` would while the CUSUM stays at or
-        below ``h``; return where that stops, with the state moved up to it.
-
-        Which points are learned (not outliers) decides when the baseline is redone, and
-        the baseline decides which points are outliers: guess, recompute, and keep the
-        guess up to the first point it got wrong, until it holds (a point's baseline
-        depends only on the points before it, so each round fixes at least one more).
-        """
-        buf = self._buf
-        m, n = len(buf), b - a
-        d = dl[a:b]
-        learn = (d - self._center) / self._scale < self.clip  # the first guess
-        while True:
-            z, centers, scales, pos = self._zscores(d, learn)
-            now = z < self.clip
-            bad = np.flatnonzero(now != learn)
-            if not bad.size:
-                break
-            learn[bad[0] :] = now[bad[0] :]
-        zca = np.minimum(np.maximum(z, -self.clip), self.clip)
-        zc = zca.tolist()
-        cus = self._cusum
-        k, h = self.k, self.h
-        # From a CUSUM of 0, a point with zc <= k leaves it at 0 (0 + zc - k <= 0, and
-        # max(0.0, NaN) is 0.0 too): only the points above k need the loop then.
-        lift = np.flatnonzero(zca > k).tolist()
-        lift.append(n)
-        r = c = 0
-        while c < n:
-            if cus == 0.0:
-                r = bisect.bisect_left(lift, c, r)
-                c = lift[r]
-                if c == n:
-                    break
-            nxt = max(0.0, cus + zc[c] - k)
-            if nxt > h:
-                break
-            cus = nxt
-            c += 1
-        if c == 0:
-            return a
-        self._cusum = cus
-        recent = self._recent
-        recent.extend(d[:c].tolist())
-        del recent[: max(0, len(recent) - self.recent)]
-        nl = int(learn[:c].sum())
-        if nl:
-            seq = np.concatenate((np.array(buf), d[:c][learn[:c]]))
-            self._buf = seq[max(0, m + nl - self.window) :].tolist()
-        self._since = (self._since + nl) % 8
-        r = int(np.searchsorted(pos, c, side="left"))  # refreshes before point c
-        self._center, self._scale = float(centers[r]), float(scales[r])
-        return a + c
-
-    def _zscores(self, d: np.ndarray, learn: np.ndarray):
-        """z of each point of ``d`` against the baseline in force before it, if the
-        points in ``learn`` are the ones learned; with the baselines and where each one
-        is redone (after the point at ``pos``)."""
-        buf = self._buf
-        m = len(buf)
-        seq = np.concatenate((np.array(buf), d[learn]))
-        # Redone after learning the points where the count since the last refresh
-        # reaches 8, over the last ``window`` learned points.
-        rec = np.arange(7 - self._since, int(learn.sum()), 8)
-        pos = np.flatnonzero(learn)[rec]
-        meds, mads = _baselines(seq, m + rec + 1, self.window)
-        centers = np.concatenate(([self._center], meds))
-        # max(1.4826 * mad, min_scale) for each (a MAD is >= 0: no signed zero to differ)
-        scales = np.concatenate(([self._scale], np.maximum(1.4826 * mads, self.min_scale)))
-        before = np.searchsorted(pos, np.arange(d.size), side="left")
-        z = (d - centers[before]) / scales[before]
-        return z, centers, scales, pos
 
     def _signal(self, value: float, change: float) -> Signal:
         c, s = self._center, self._clip_band()
@@ -323,35 +222,6 @@ class Regression(Detector):
 
     def _clip_band(self) -> float:
         return 3.0 * self._scale
-
-
-def _baselines(seq: np.ndarray, ends: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
-    """Median and MAD (unscaled) of ``seq[max(0, e - window):e]`` for each end ``e``, as
-    ``Regression._refresh`` forms them: the same order statistics of the same values."""
-    meds: list[float] = []
-    mads: list[float] = []
-    full = ends >= window
-    if full.any():
-        rows = np.sort(windows(seq, window)[ends[full] - window], axis=1)
-        h = window // 2
-        med = rows[:, h] if window % 2 else 0.5 * (rows[:, h - 1] + rows[:, h])
-        dev = np.abs(rows - med[:, None])
-        if window % 2:
-            mad = np.partition(dev, h, axis=1)[:, h]
-        else:
-            part = np.partition(dev, (h - 1, h), axis=1)
-            mad = 0.5 * (part[:, h - 1] + part[:, h])
-        if full.all():
-            return med, mad
-        it = iter(zip(med.tolist(), mad.tolist(), strict=True))
-    for e, f in zip(ends.tolist(), full.tolist(), strict=True):
-        if f:
-            md, sc = next(it)
-        else:
-            md, sc = _median_mad(seq[:e].tolist())  # fewer than ``window`` learned yet
-        meds.append(md)
-        mads.append(sc)
-    return np.array(meds, dtype=float), np.array(mads, dtype=float)
 
 
 def _median_mad(vals: list[float]) -> tuple[float, float]:
