@@ -221,10 +221,10 @@ class Spike(Detector):
         self, step: int, value: float, center: float, scale: float, z: float, run: int, adapted
     ) -> Signal:
         if self._log:
-            expected = math.exp(center)
-            lower = math.exp(center - self.threshold * scale)
-            upper = math.exp(center + self.threshold * scale)
-            peak_ratio = math.exp(self._peak_dev)
+            expected = _exp(center)
+            lower = _exp(center - self.threshold * scale)
+            upper = _exp(center + self.threshold * scale)
+            peak_ratio = _exp(self._peak_dev)
             ratio = value / expected
             lasting = run >= self.sustain and peak_ratio >= self.sustain_ratio
         else:
@@ -261,3 +261,12 @@ class Spike(Detector):
                 "adapted": adapted,
             },
         )
+
+
+def _exp(x: float) -> float:
+    """``math.exp``, infinite past the largest float instead of raising: a series that
+    spans more than ~300 decades (a loss of 1e-300, then 1) still gets its signal."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf

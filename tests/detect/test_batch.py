@@ -283,3 +283,18 @@ def test_batch_replay_equals_streaming_on_every_real_run(run):
     b = analyze_frame(df, monitor=slow, fast=False)
     assert canon(a) == canon(b)
     assert fast.health == slow.health
+
+
+def test_a_spike_across_hundreds_of_decades_is_reported_not_raised():
+    """A loss of 1e-300 for a while, then 1e300: the log deviation is ~1380 and its ratio
+    overflows a float; the spike still comes out (an infinite ratio), on both paths."""
+    values = [1e-300 * (1.0 + 0.01 * (i % 7)) for i in range(100)] + [1e300, 1.0]
+    steps = list(range(len(values)))
+    one, many = Spike(), Spike()
+    flagged = [(i, sig) for i, v in enumerate(values) if (sig := one.update(i, v)) is not None]
+    assert [i for i, _ in flagged] == [100, 101]
+    assert flagged[0][1].severity == "critical"
+    assert math.isinf(flagged[0][1].details["peak_ratio"])
+    assert [(i, repr(s)) for i, s in many.update_many(steps, values)] == [
+        (i, repr(s)) for i, s in flagged
+    ]
