@@ -8,11 +8,12 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
+from runwatch.detect import _stall_kernel
 from runwatch.detect.base import (
     Detector,
     LRAware,
     Signal,
-    batch_ready,
+    check_lengths,
     check_number,
     guarded,
     robust_scale,
@@ -225,56 +226,44 @@ class Stall(LRAware, Detector):
         on_error: Callable[[int], None] | None = None,
         areas: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> list[tuple[int, Signal]]:
-        """``update`` point by point, with what depends on the values alone in numpy.
+        """``update`` point by point, in one compiled loop over the series.
 
-        See ``runwatch.detect.stall_batch``: the same figures as ``update`` forms, so the
-        same signals and state. The point where log space ends and the first point with
-        an LR go through ``update``. Needs int steps in order and float values (what
-        batch replay gives); otherwise the plain loop. ``areas``: each point's LR areas
-        as the clock gave them live (see ``CurveDeviation.update_many``); required once
-        the detector's clock has the LR.
+        See ``runwatch.detect._stall_kernel``: the same operations as ``update``, so the
+        same signals and state; the signals are built here. The point where log space
+        ends and the first point with an LR go through ``update`` (which starts afresh
+        there). Needs int steps in order and float values (what batch replay gives);
+        otherwise the plain loop. ``areas``: each point's LR areas as the clock gave them
+        live (see ``CurveDeviation.update_many``); required once the detector's clock has
+        the LR.
         """
         self._need_areas(areas)
-        s1 = None if areas is None else np.asarray(areas[0], dtype=float)
-        if not batch_ready(steps, values):
-            return self._loop(steps, values, s1, on_error)
-        from runwatch.detect import stall_batch  # only batch replay needs it
-
-        vals = np.asarray(values, dtype=float)
-        fin = np.isfinite(vals)
+        check_lengths(steps, values)
+        s1 = None if areas is None else np.ascontiguousarray(areas[0], dtype=float)
         out: list[tuple[int, Signal]] = []
-        split = []
-        if self._log:
-            split.append(np.flatnonzero(fin & (vals <= 0)))  # log space ends there
-        if s1 is not None and not self._by_lr:
-            split.append(np.flatnonzero(fin & ~np.isnan(s1)))  # the LR arrives there
-        firsts = [int(f[0]) for f in split if f.size]
-        if firsts:
-            # Before that point as things are; it, through update (which resets); the rest
-            # in the new space.
-            i = min(firsts)
-            head = None if areas is None else (areas[0][:i], areas[1][:i])
-            out += self.update_many(steps[:i], values[:i], on_error, head)
-            s1_i = None if s1 is None or s1[i] != s1[i] else float(s1[i])
-            sig = guarded(lambda s, v: self._update(s, v, s1_i), steps[i], values[i], i, on_error)
-            if sig is not None:
-                out.append((i, sig))
-            tail = None if areas is None else (areas[0][i + 1 :], areas[1][i + 1 :])
-            rest = self.update_many(
-                steps[i + 1 :],
-                values[i + 1 :],
-                on_error and (lambda k: on_error(i + 1 + k)),
-                tail,
-            )
-            return out + [(i + 1 + k, s) for k, s in rest]
-        if fin.all():  # the usual case: no copies
-            s1_l = None if s1 is None else s1.tolist()
-            return stall_batch.run(self, steps, values, range(len(values)), s1_l)
-        idx = np.flatnonzero(fin).tolist()
-        if not idx:
-            return out
-        s1_l = None if s1 is None else s1[idx].tolist()
-        return stall_batch.run(self, [steps[i] for i in idx], [values[i] for i in idx], idx, s1_l)
+        i = 0
+        while i < len(values):
+            done = _stall_kernel.run(self, steps, values, s1, i)
+            if done is None:  # not a replay's batch, or beyond the kernel: nothing fed
+                rest = self._loop(
+                    steps[i:],
+                    values[i:],
+                    None if s1 is None else s1[i:],
+                    on_error and (lambda k, i=i: on_error(i + k)),
+                )
+                return out + [(i + k, s) for k, s in rest]
+            i, flags = done
+            for j, long, mean_a, mean_b, d_exp, d_obs, w in flags:
+                span = "the last octave" if long else f"the last {w} points"
+                out.append((j, self._signal(values[j], mean_a, mean_b, d_exp, d_obs, w, span)))
+            if i < len(values):  # log space ends, or the LR arrives: update starts afresh
+                s1_i = None if s1 is None or s1[i] != s1[i] else float(s1[i])
+                sig = guarded(
+                    lambda s, v, a=s1_i: self._update(s, v, a), steps[i], values[i], i, on_error
+                )
+                if sig is not None:
+                    out.append((i, sig))
+                i += 1
+        return out
 
     def _loop(self, steps, values, s1: np.ndarray | None, on_error) -> list[tuple[int, Signal]]:
         """``update`` point by point, with the given summed LR instead of the clock's."""
