@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from runwatch.detect._divergence_kernel import quiet
 from runwatch.detect.base import (
     Detector,
     Signal,
@@ -16,9 +17,6 @@ from runwatch.detect.base import (
     ema_step,
     guarded,
     noise_step,
-    running_medians,
-    smooth_many,
-    smoothed_state,
 )
 
 
@@ -182,42 +180,20 @@ class Divergence(Detector):
         values: Sequence[float],
         on_error: Callable[[int], None] | None = None,
     ) -> list[tuple[int, Signal]]:
-        """``update`` point by point, with the smoothing and the quiet stretches in numpy.
-
-        The smoothing depends on the values alone, so it is computed for the whole batch
-        first (the same operations as ``update``). While the reference is fixed (until the
-        current block fills), the points whose rise stays within the noise are learned at
-        once; a rising point goes through ``_rising``, and the first point of the series
-        and the end of log space through ``update`` itself. The same result, bit for bit.
-        """
+        """``update`` point by point, with the unflagged points done by a compiled loop
+        (``_divergence_kernel.quiet``: the same operations, the same result); only a
+        flagged point, or the end of log space, goes through ``update`` itself."""
         check_lengths(steps, values)
         if set(map(type, values)) - {float}:  # update keeps ints as given: the plain loop
             return super().update_many(steps, values, on_error)
-        vals = np.asarray(values, dtype=float)
-        keep = np.isfinite(vals)
         out: list[tuple[int, Signal]] = []
-        i = 0
-        n = len(values)
-        while i < n:
-            # The first point and the end of log space go through update; the points
-            # between, all judged in the same space, through the batch path.
-            if not keep[i]:
-                i += 1  # update ignores it
-                continue
-            if self._n == 0 or (self._log and vals[i] <= 0):
-                sig = guarded(self.update, steps[i], values[i], i, on_error)
-                if sig is not None:
-                    out.append((i, sig))
-                i += 1
-                continue
-            j = n
-            if self._log:
-                cut = np.flatnonzero(keep[i:] & (vals[i:] <= 0))
-                j = i + int(cut[0]) if cut.size else n
-            idx = i + np.flatnonzero(keep[i:j])
-            if idx.size:
-                out += _DivBatch(self, vals[idx]).run(idx.tolist(), values, on_error)
-            i = j
+        vals = np.ascontiguousarray(values, dtype=float)
+        p = quiet(self, vals, 0)
+        while p < len(vals):
+            sig = guarded(self.update, steps[p], values[p], p, on_error)
+            if sig is not None:
+                out.append((p, sig))
+            p = quiet(self, vals, p + 1)
         return out
 
     def _reset_state_linear(self) -> None:
@@ -259,87 +235,3 @@ class Divergence(Detector):
             msg,
             {"rise_ratio": ratio, "smoothed": smoothed, "points_rising": self._over},
         )
-
-
-class _DivBatch:
-    """One run of finite points judged in one space (the series already started)."""
-
-    def __init__(self, d: Divergence, v: np.ndarray) -> None:
-        self.d = d
-        xl = list(map(math.log, v.tolist())) if d._log else v.tolist()
-        self.xl = xl
-        diffs = np.abs(np.diff(np.array([d._prev, *xl])))
-        self.recent0 = list(d._recent)
-        meds = running_medians(self.recent0, xl, d.median_window)
-        self.ads, self.ema = smooth_many(d._absdiff, d._ema, d._alpha, d._beta, diffs, meds)
-        self.emas = self.ema.tolist()
-        self.sigma = 0.886 * self.ads
-        need = d.threshold * self.sigma * d._ema_sd
-        self.need = np.maximum(need, d.min_rise if d._log else 0.0)
-        self.n0 = d._n
-
-    def run(self, idx: list[int], values: Sequence[float], on_error) -> list[tuple[int, Signal]]:
-        d = self.d
-        out: list[tuple[int, Signal]] = []
-        m = len(self.xl)
-        j = max(0, d.warmup - self.n0)  # points up to the warmup are only smoothed
-        while j < m:
-            if d._over == 0:
-                j = self._quiet(j, min(m, j + d.block - d._cur_n))
-                if j >= m:
-                    break
-            # A point judged alone: learned, or rising.
-            ema = self.emas[j]
-            ref = d._reference()
-            rise = ema - ref if math.isfinite(ref) else 0.0
-            need = float(self.need[j])
-            if rise <= need:
-                d._over = 0
-                d._flagged = 0
-                d._learn(ema)
-            else:
-                self._state(j + 1)
-                try:
-                    sig = d._rising(values[idx[j]], ref, rise, need, float(self.sigma[j]))
-                except Exception:  # pragma: no cover - the Monitor's guard, as in update
-                    if on_error is None:
-                        raise
-                    on_error(idx[j])
-                    sig = None
-                if sig is not None:
-                    out.append((idx[j], sig))
-            j += 1
-        self._state(m)
-        return out
-
-    def _quiet(self, a: int, b: int) -> int:
-        """Learn points a..b-1 (b: where the current block fills) while none rises above
-        the reference; return the first point that does, or b."""
-        d = self.d
-        ema = self.ema[a:b]
-        cs = np.cumsum(np.concatenate(([d._cur_sum], ema)))
-        if d._blocks:
-            rise = ema - min(d._blocks)
-        else:
-            # No block yet: the reference is the mean of the current block so far.
-            cnt = d._cur_n + np.arange(b - a)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                rise = np.where(cnt > 0, ema - cs[:-1] / cnt, 0.0)
-        up = rise > self.need[a:b]
-        c = int(np.argmax(up)) if up.any() else b - a
-        if c == 0:
-            return a
-        d._over = d._flagged = 0
-        d._cur_sum = float(cs[c])
-        d._cur_n += c
-        if d._cur_n >= d.block:
-            d._blocks.append(d._cur_sum / d._cur_n)
-            if len(d._blocks) > d.ref_blocks:
-                del d._blocks[0]
-            d._cur_sum, d._cur_n = 0.0, 0
-        return a + c
-
-    def _state(self, j: int) -> None:
-        """The smoothing state ``update`` leaves after the first ``j`` points."""
-        d = self.d
-        smoothed_state(d, self.n0, self.xl, self.ads, self.emas, self.recent0, d.median_window, j)
