@@ -15,8 +15,9 @@ Divisors: window sizes, bin counts and the octave halves are >= 1 where they div
 """
 
 from libc.math cimport fabs, floor, ceil, isfinite, log, sqrt, INFINITY
-from libc.limits cimport LLONG_MIN
+from libc.limits cimport LLONG_MAX, LLONG_MIN
 from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memcpy
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 
 cdef double LN2 = log(2.0)
@@ -42,36 +43,63 @@ cdef inline double _py_min(double a, double b) noexcept nogil:
     return b if b < a else a
 
 
-cdef double _select(double* a, Py_ssize_t n, Py_ssize_t k) noexcept nogil:
-    """``sorted(a)[k]`` of NaN-free values (reorders ``a``): the value of an order statistic
-    does not depend on how it is found, up to the sign of a zero."""
-    cdef Py_ssize_t lo = 0, hi = n - 1, i, j
-    cdef double pivot, t
-    while hi > lo:
-        pivot = a[(lo + hi) // 2]
-        i = lo
-        j = hi
-        while i <= j:
-            while a[i] < pivot:
-                i += 1
-            while a[j] > pivot:
-                j -= 1
-            if i <= j:
-                t = a[i]
-                a[i] = a[j]
-                a[j] = t
-                i += 1
-                j -= 1
-        if k <= j:
-            hi = j
-        elif k >= i:
-            lo = i
-        else:
-            break
-    return a[k]
+cdef inline long long _key(double x) noexcept nogil:
+    """An integer that orders as ``x`` does (NaN-free; -0.0 just below 0.0), and back:
+    the map is its own inverse."""
+    cdef long long i
+    memcpy(&i, &x, 8)
+    return i ^ ((i >> 63) & LLONG_MAX)
 
 
-cdef double _robust_scale(const double* v, Py_ssize_t n, double* tmp) noexcept nogil:
+cdef inline double _unkey(long long i) noexcept nogil:
+    cdef double x
+    i = i ^ ((i >> 63) & LLONG_MAX)
+    memcpy(&x, &i, 8)
+    return x
+
+
+cdef Py_ssize_t _partition(long long* a, Py_ssize_t lo, Py_ssize_t hi, long long pivot,
+                           bint le) noexcept nogil:
+    """Move the keys of ``a[lo:hi]`` below ``pivot`` (or equal to it, ``le``) to the
+    front; return where the rest starts. Without branches on the data (masks, not
+    jumps): the windows are noise, and a mispredicted jump a key cost more than the
+    rest of the loop."""
+    cdef Py_ssize_t i, store = lo
+    cdef long long t, u, mask
+    for i in range(lo, hi):
+        t = a[i]
+        u = a[store]
+        mask = -<long long> ((t <= pivot) if le else (t < pivot))
+        a[i] = (u & mask) | (t & ~mask)
+        a[store] = (t & mask) | (u & ~mask)
+        store -= mask
+    return store
+
+
+cdef double _select(const double* v, Py_ssize_t n, Py_ssize_t k, long long* a) noexcept nogil:
+    """``sorted(v[:n])[k]`` of NaN-free values (``a``: room for ``n`` keys): the value of
+    an order statistic does not depend on how it is found, up to the sign of a zero.
+    Ties with the pivot are set apart, so a window of equal values (a quantised loss)
+    takes one pass."""
+    cdef Py_ssize_t lo = 0, hi = n, lt, eq, i
+    cdef long long pivot
+    for i in range(n):
+        a[i] = _key(v[i])
+    while hi - lo > 1:
+        pivot = a[lo + (hi - lo) // 2]
+        lt = _partition(a, lo, hi, pivot, False)
+        if k < lt:
+            hi = lt
+            continue
+        eq = _partition(a, lt, hi, pivot, True)
+        if k < eq:
+            return _unkey(pivot)
+        lo = eq
+    return _unkey(a[k])
+
+
+cdef double _robust_scale(const double* v, Py_ssize_t n, double* tmp,
+                          long long* keys) noexcept nogil:
     """``base.robust_scale`` of ``v[:n]`` (finite values, so no NaN difference)."""
     cdef Py_ssize_t i
     cdef double scale, nonzero
@@ -79,7 +107,7 @@ cdef double _robust_scale(const double* v, Py_ssize_t n, double* tmp) noexcept n
         return 0.0
     for i in range(n - 1):
         tmp[i] = fabs(v[i + 1] - v[i])
-    scale = 1.0484 * _select(tmp, n - 1, (n - 1) // 2)
+    scale = 1.0484 * _select(tmp, n - 1, (n - 1) // 2, keys)
     if scale == 0.0:
         nonzero = INFINITY
         for i in range(n - 1):
@@ -89,7 +117,7 @@ cdef double _robust_scale(const double* v, Py_ssize_t n, double* tmp) noexcept n
     return scale
 
 
-cdef double _scatter(const double* v, Py_ssize_t n, double* tmp) except? -1.0:
+cdef double _scatter(const double* v, Py_ssize_t n, double* tmp, long long* keys) except? -1.0:
     """``stall._scatter`` of ``v[:n]``: the median's sign of zero cannot change an
     ``abs(v - med)``; a non-finite value (where NaNs would meet Python's sort) goes to
     the Python function itself."""
@@ -100,11 +128,10 @@ cdef double _scatter(const double* v, Py_ssize_t n, double* tmp) except? -1.0:
             from runwatch.detect.stall import _scatter as py_scatter
 
             return py_scatter([v[j] for j in range(n)])
-        tmp[i] = v[i]
-    med = _select(tmp, n, n // 2)
+    med = _select(v, n, n // 2, keys)
     for i in range(n):
         tmp[i] = fabs(v[i] - med)
-    return 1.4826 * _select(tmp, n, n // 2)
+    return 1.4826 * _select(tmp, n, n // 2, keys)
 
 
 cdef inline void _add(Bins* b, long long k, double ls, double x) noexcept nogil:
@@ -373,6 +400,7 @@ cdef list _run(d, Py_ssize_t m, double* xs, double* lss, long long* ks, Py_ssize
     cdef double* rs = NULL
     cdef double* lrs = NULL
     cdef double* tmp = NULL
+    cdef long long* keys = NULL
     cdef Bins bins, all_bins
     bins.s = all_bins.s = NULL
     bins.has = all_bins.has = NULL
@@ -412,6 +440,9 @@ cdef list _run(d, Py_ssize_t m, double* xs, double* lss, long long* ks, Py_ssize
         lrs = _doubles(len(lresid) + m)
         n_lr = lr0 = _load_floats(lrs, lresid)
         tmp = _doubles(nb_max + r_max + lr_max + 8)
+        keys = <long long*> malloc((nb_max + r_max + lr_max + 8) * sizeof(long long))
+        if keys == NULL:
+            raise MemoryError()
         _load_bins(&bins, d._bins, K)
         _load_bins(&all_bins, d._all_bins, K)
         for j in range(m):
@@ -449,7 +480,7 @@ cdef list _run(d, Py_ssize_t m, double* xs, double* lss, long long* ks, Py_ssize
             if since >= 32 or n <= 128:
                 since = 0
                 p = n_nb if n_nb < nb_max else nb_max
-                sigma = _robust_scale(nb + n_nb - p, p, tmp)
+                sigma = _robust_scale(nb + n_nb - p, p, tmp, keys)
             # The octave test's bins take every point, capped (``_LongTest.clip``).
             if k != clip_k:
                 clip_k = k
@@ -500,7 +531,7 @@ cdef list _run(d, Py_ssize_t m, double* xs, double* lss, long long* ks, Py_ssize
                                 n_r += 1
                                 p = n_r if n_r < r_max else r_max
                                 if p >= 8:
-                                    resid_scale = _scatter(rs + n_r - p, p, tmp)
+                                    resid_scale = _scatter(rs + n_r - p, p, tmp, keys)
                         else:
                             over += 1
                             if over >= patience:
@@ -546,7 +577,7 @@ cdef list _run(d, Py_ssize_t m, double* xs, double* lss, long long* ks, Py_ssize
                             n_lr += 1
                             p = n_lr if n_lr < lr_max else lr_max
                             if p >= 2:
-                                lt_scale = _scatter(lrs + n_lr - p, p, tmp)
+                                lt_scale = _scatter(lrs + n_lr - p, p, tmp, keys)
                     else:
                         lt_over += 1
                         if lt_over >= patience:
@@ -590,5 +621,6 @@ cdef list _run(d, Py_ssize_t m, double* xs, double* lss, long long* ks, Py_ssize
         free(rs)
         free(lrs)
         free(tmp)
+        free(keys)
         _free_bins(&bins)
         _free_bins(&all_bins)
