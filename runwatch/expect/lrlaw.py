@@ -18,7 +18,7 @@ import numpy as np
 from scipy.signal import lfilter
 
 from runwatch.expect._lm import cost_at, solve
-from runwatch.expect.powerlaw import MIN_POINTS, TooLittleData, finite_points
+from runwatch.expect.powerlaw import MIN_POINTS, TooLittleData, finite_points, median
 
 DECAY = 0.999
 """λ, the momentum of the annealing term (the paper's default)."""
@@ -124,7 +124,7 @@ def fit_area_law(
     top = float(a1.max())
     a1n = a1 / top
     sw = np.sqrt(w)
-    f_scale = max(float(1.0484 * np.median(np.abs(np.diff(y)))), 1e-3 * span, 1e-12)
+    f_scale = max(float(1.0484 * median(np.abs(np.diff(y)))), 1e-3 * span, 1e-12)
     s2max = float(np.abs(a2).max())
     # Without an anneal in the data (S2 all zero) C cannot be told apart: it is held at 0.
     a2n = a2 / s2max if s2max > 0 else a2
@@ -141,7 +141,7 @@ def fit_area_law(
     p0 = starts[int(np.argmin(costs))]
     (e, a, alpha, c), _ = solve(a1n, y, sws, p0, lo, hi, f2, zs=a2n)
     res = e + a * np.power(a1n, -alpha) - c * a2n - y
-    sigma = float(1.4826 * np.median(np.abs(res - np.median(res))))
+    sigma = float(1.4826 * median(np.abs(res - median(res))))
     return AreaLaw(e, a * top**alpha, alpha, c / s2max if s2max > 0 else 0.0, sigma, int(y.size))
 
 

@@ -10,7 +10,7 @@ from scipy.optimize import least_squares
 
 from runwatch.expect import PowerLaw, bin_arrays, fit_power_law
 from runwatch.expect._lm import cost_at, solve
-from runwatch.expect.powerlaw import _robust_sigma
+from runwatch.expect.powerlaw import _robust_sigma, median
 
 
 def _soft_l1_cost(law: PowerLaw, s: np.ndarray, y: np.ndarray) -> float:
@@ -113,3 +113,13 @@ def test_solver_refuses_a_start_whose_cost_is_not_finite():
     xs, ys = np.linspace(0.0, 1.0, 8), np.linspace(3.0, 2.0, 8)
     p, cost = solve(xs, ys, None, [math.nan, 1.0, 0.5, 0.1], [0.0] * 4, [2.0] * 4, 0.01)
     assert cost == math.inf and math.isnan(p[0])
+
+
+def test_median_is_numpys_median_to_the_bit():
+    rng = np.random.default_rng(7)
+    for n in [1, 2, 3, 4, 5, 16, 17, 40] * 100:
+        x = rng.standard_normal(n) * 10 ** rng.uniform(-8, 8)
+        if rng.random() < 0.3:
+            x = np.round(x, 1)  # ties
+        assert median(x) == float(np.median(x))
+    assert math.isnan(median(np.array([1.0, math.nan, 2.0])))
