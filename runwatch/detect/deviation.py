@@ -8,11 +8,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from runwatch.detect._deviation_kernel import ABOVE, STALLED, Run
 from runwatch.detect.base import (
     Detector,
     LRAware,
     Signal,
-    batch_ready,
+    check_lengths,
     check_number,
     ema_step,
     noise_step,
@@ -315,7 +316,7 @@ class CurveDeviation(LRAware, Detector):
             if self._over < self.patience:
                 return None
             self._flagged += 1
-            sig = self._signal("warning", step, value, ema, exp_v, half, "above")
+            sig = self._signal("warning", step, value, ema, exp_v, half, "above", self._over)
             if self._flagged >= self.adapt_after and self._reference is None:
                 self._start_afresh()
                 self._over = self._flagged = 0
@@ -329,7 +330,7 @@ class CurveDeviation(LRAware, Detector):
         if ema < exp_v - half and not new_anneal:
             self._under += 1
             if self._under >= self.patience:
-                return self._signal("info", step, value, ema, exp_v, half, "below")
+                return self._signal("info", step, value, ema, exp_v, half, "below", self._under)
         else:
             self._under = 0
         return None
@@ -341,68 +342,74 @@ class CurveDeviation(LRAware, Detector):
         on_error: Callable[[int], None] | None = None,
         areas: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> list[tuple[int, Signal]]:
-        """``update`` point by point, with the quiet stretches done in numpy (same result).
+        """``update`` point by point, the points that need no Python compiled (same result).
 
-        The smoothing (median of 5, noise EMA, loss EMA) depends on the values alone, so
-        it is computed for the whole batch first. Between two refits the law is fixed: a
-        stretch without a law only learns; a stretch with one is tested at once and stops
-        at the first point that is above the band, stalled, or beyond twice the last
-        learned step (points below the band are counted, and flagged, there too). That
-        point, each refit point, the first point with an LR, and every point while the
-        above-band or stall counter runs go through ``update`` itself. Needs int steps in
-        order and float values (what batch replay gives); otherwise the plain loop.
+        ``runwatch.detect._deviation_kernel`` runs every point as ``update`` does, up to
+        the first that Python must run: a refit, the first point with an LR, an "above"
+        flag that starts afresh, a law term that would overflow. That point goes through
+        ``update`` itself, and the kernel goes on after it; the points it flags come back
+        as events whose signals are built here. Needs int steps (within 2^53) and float
+        values (what batch replay gives), and a state of such points; otherwise the
+        plain loop.
 
         ``areas``: each point's S1 and S2 as the LR clock gave them live (NaN: no LR yet;
         ``runwatch.expect.lrclock.areas_at``); required once the detector's clock has the
         LR (in a replay it has already been fed the whole LR series).
         """
         self._need_areas(areas)
-        if not batch_ready(steps, values) or self._reference is not None:
+        check_lengths(steps, values)
+        s1, s2 = (None, None) if areas is None else (np.asarray(a, dtype=float) for a in areas)
+        run = Run(self, list(steps), list(values), s1, s2) if self._batchable() else None
+        if run is None or not run.ok:
             return self._loop(steps, values, areas, on_error)
-        vals = np.asarray(values, dtype=float)
-        fin = np.flatnonzero(np.isfinite(vals))
-        if fin.size == 0:
-            return []
-        from runwatch.detect.deviation_batch import Batch  # only batch replay needs it
-
-        ar = None if areas is None else (areas[0][fin], areas[1][fin])
-        b = Batch(self, np.asarray(steps)[fin], vals[fin], [steps[i] for i in fin.tolist()], ar)
         out: list[tuple[int, Signal]] = []
-        m, j, chunk = fin.size, 0, 256
-        while j < m:
-            left = self._next_fit - (b.n0 + j + 1)  # points before the next refit
-            if not self._by_area and b.first_area is not None:
-                left = min(left, b.first_area - j)  # the first point with an LR: update
-            if left > 0 and self._law is None:
-                j = b.learn_all(j, min(m, j + left))
-                continue
-            quiet = not (self._over or self._stalled or self._flagged)
-            if left > 0 and quiet:
-                stop = min(m, j + left, j + chunk)
-                c = b.quiet_stretch(j, stop, out, fin, values)
-                chunk = min(chunk * 2, 8192) if c == stop else 256
-                if c > j:
-                    j = c
-                    continue
-            b.set_smooth(j)
-            i = int(fin[j])
+        j, m = 0, len(values)
+        while True:
+            j = run.run(j)
+            for ev in run.events:
+                i = ev[0]
+                out.append((i, self._event_signal(steps[i], values[i], ev)))
+            run.events.clear()
+            if j == m:
+                return out
+            ar = None if s1 is None or s1[j] != s1[j] else (float(s1[j]), float(s2[j]))
             try:
-                sig = self._update(steps[i], values[i], b.areas(j))
+                sig = self._update(steps[j], values[j], ar)
             except Exception:
                 if on_error is None:
                     raise
-                on_error(i)
+                on_error(j)
                 # The rest through the plain loop: update may have stopped half way.
-                tail = None if areas is None else (areas[0][i + 1 :], areas[1][i + 1 :])
+                tail = None if areas is None else (areas[0][j + 1 :], areas[1][j + 1 :])
                 rest = self._loop(
-                    steps[i + 1 :], values[i + 1 :], tail, lambda k, i=i: on_error(i + 1 + k)
+                    steps[j + 1 :], values[j + 1 :], tail, lambda k, j=j: on_error(j + 1 + k)
                 )
-                return out + [(i + 1 + k, s) for k, s in rest]
+                return out + [(j + 1 + k, s) for k, s in rest]
             if sig is not None:
-                out.append((i, sig))
+                out.append((j, sig))
             j += 1
-        b.set_smooth(m)
-        return out
+
+    def _batchable(self) -> bool:
+        """Can the kernel hold this state? Not with a reference curve, nor with the int
+        sums and values that ``update`` calls on int values or float steps leave (the
+        kernel writes floats back, and sums a bin's steps as ints)."""
+        return (
+            self._reference is None
+            and all(type(v) is float for v in (self._ema, self._prev, self._absdiff))
+            and all(type(v) is float for v in self._recent)
+            and all(type(h[0]) is int for h in self._hist)
+            and all(type(b[0]) is int for b in self._bins._bins.values())
+        )
+
+    def _event_signal(self, step: int, value: float, ev: tuple) -> Signal:
+        """The signal of a point the kernel flagged (``Run.events``)."""
+        if ev[1] == STALLED:
+            _, _, ema, s_then, e_then, d_exp, d_obs = ev
+            return self._stall_signal(step, ema, s_then, e_then, d_exp, d_obs)
+        _, kind, count, ema, exp_v, half = ev
+        if kind == ABOVE:
+            return self._signal("warning", step, value, ema, exp_v, half, "above", count)
+        return self._signal("info", step, value, ema, exp_v, half, "below", count)
 
     def _loop(
         self,
@@ -462,23 +469,28 @@ class CurveDeviation(LRAware, Detector):
         if d_exp > need and d_obs < self.stall_frac * d_exp:
             self._stalled += 1
             if self._stalled >= self.patience:
-                msg = (
-                    f"loss stopped improving: fell {d_obs:.3g} over steps {s_then}-{step} "
-                    f"where the expected curve falls {d_exp:.3g}"
-                )
-                return Signal(
-                    "warning",
-                    d_exp / max(d_obs, 1e-12) if d_obs > 0 else 1000.0,
-                    ema,
-                    e_then - d_exp,
-                    None,
-                    e_then - self.stall_frac * d_exp,
-                    msg,
-                    {"smoothed": ema, "side": "stalled", "expected_fall": d_exp, "fall": d_obs},
-                )
+                return self._stall_signal(step, ema, s_then, e_then, d_exp, d_obs)
             return None
         self._stalled = 0
         return None
+
+    def _stall_signal(
+        self, step: int, ema: float, s_then: int, e_then: float, d_exp: float, d_obs: float
+    ) -> Signal:
+        msg = (
+            f"loss stopped improving: fell {d_obs:.3g} over steps {s_then}-{step} "
+            f"where the expected curve falls {d_exp:.3g}"
+        )
+        return Signal(
+            "warning",
+            d_exp / max(d_obs, 1e-12) if d_obs > 0 else 1000.0,
+            ema,
+            e_then - d_exp,
+            None,
+            e_then - self.stall_frac * d_exp,
+            msg,
+            {"smoothed": ema, "side": "stalled", "expected_fall": d_exp, "fall": d_obs},
+        )
 
     def _learn(self, step: int, value: float, ar: tuple[float, float] | None) -> None:
         if self._by_area:
@@ -489,14 +501,23 @@ class CurveDeviation(LRAware, Detector):
             self._last_learned = float(step)
 
     def _signal(
-        self, sev: str, step: int, value: float, ema: float, exp_v: float, half: float, side: str
+        self,
+        sev: str,
+        step: int,
+        value: float,
+        ema: float,
+        exp_v: float,
+        half: float,
+        side: str,
+        count: int,
     ) -> Signal:
+        """An above- or below-the-band signal; ``count``: points in a row on that side."""
         rel = (ema - exp_v) / abs(exp_v) if exp_v else math.inf
         score = abs(ema - exp_v) / half if half > 0 else 1000.0
         what = "worse" if side == "above" else "better"
         msg = (
             f"smoothed value {ema:.4g} is {what} than the expected curve {exp_v:.4g} "
-            f"({rel:+.1%}) for {max(self._over, self._under)} points"
+            f"({rel:+.1%}) for {count} points"
         )
         return Signal(
             sev,
