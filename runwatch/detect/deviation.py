@@ -359,7 +359,10 @@ class CurveDeviation(LRAware, Detector):
         self._need_areas(areas)
         check_lengths(steps, values)
         s1, s2 = (None, None) if areas is None else (np.asarray(a, dtype=float) for a in areas)
-        run = Run(self, list(steps), list(values), s1, s2) if self._batchable() else None
+        run = None
+        if self._batchable():
+            st, vs = (x if type(x) is list else list(x) for x in (steps, values))
+            run = Run(self, st, vs, s1, s2)
         if run is None or not run.ok:
             return self._loop(steps, values, areas, on_error)
         out: list[tuple[int, Signal]] = []
