@@ -275,7 +275,7 @@ def run(d, steps, values, const double[::1] s1, Py_ssize_t start):
     point (or the end), ``flags`` the flagged points as ``(index, long, mean_a, mean_b,
     d_exp, d_obs, w)`` (``long``: the octave test flagged). Returns None, with ``d``
     untouched, where ``update`` must run point by point: not a replay's batch
-    (``base.batch_ready``: int steps in order, float values; a step beyond 64 bits), or
+    (int steps in order and float values, what batch replay gives; a step beyond 64 bits), or
     a bin beyond the kernel's reach (an infinite ln(S1)).
     """
     cdef list st = steps if type(steps) is list else list(steps)

@@ -18,9 +18,6 @@ from dataclasses import dataclass, field
 from operator import sub as _sub
 from typing import Any, ClassVar
 
-import numpy as np
-from scipy.signal import lfilter
-
 from runwatch.expect.lrclock import LRClock
 from runwatch.model import SEVERITIES
 
@@ -29,21 +26,13 @@ log = logging.getLogger("runwatch.detect")
 __all__ = [
     "Detector",
     "Signal",
-    "batch_ready",
     "check_choice",
     "check_lengths",
     "check_number",
-    "ema_many",
     "ema_step",
     "guarded",
-    "noise_many",
     "noise_step",
     "robust_scale",
-    "robust_scales",
-    "running_medians",
-    "smooth_many",
-    "smoothed_state",
-    "windows",
 ]
 
 
@@ -161,21 +150,6 @@ def check_lengths(steps: Sequence[int], values: Sequence[float]) -> None:
     """Misuse of ``update_many`` fails fast: one value per step."""
     if len(steps) != len(values):
         raise ValueError(f"steps and values differ in length: {len(steps)} != {len(values)}")
-
-
-def batch_ready(steps: Sequence[int], values: Sequence[float]) -> bool:
-    """True when a vectorised ``update_many`` may run: int steps in order and float values,
-    what batch replay gives. Anything else (numpy scalars, steps going back) takes the
-    plain loop, whose ``update`` handles every case.
-
-    >>> batch_ready([1, 2, 2], [0.5, 0.4, 0.3]), batch_ready([2, 1], [0.5, 0.4])
-    (True, False)
-    """
-    check_lengths(steps, values)
-    if not steps or set(map(type, steps)) != {int} or set(map(type, values)) != {float}:
-        return False
-    st = np.asarray(steps)
-    return not bool(np.any(st[1:] < st[:-1]))
 
 
 class LRAware:
@@ -304,68 +278,6 @@ def robust_scale(values: list[float]) -> float:
     return scale
 
 
-def windows(x: np.ndarray, size: int) -> np.ndarray:
-    """Every ``size`` consecutive values of the 1-d ``x``, one window a row: a read-only
-    view, what ``sliding_window_view`` gives without its ~15 us of checks (batch paths
-    call this for every short stretch they test).
-
-    >>> windows(np.arange(5.0), 3).tolist()
-    [[0.0, 1.0, 2.0], [1.0, 2.0, 3.0], [2.0, 3.0, 4.0]]
-    """
-    x = np.ascontiguousarray(x)
-    s = x.strides[0]
-    v = np.ndarray((max(x.size - size + 1, 0), size), x.dtype, x, 0, (s, s))
-    v.flags.writeable = False
-    return v
-
-
-def robust_scales(z: np.ndarray, ends: np.ndarray, window: int) -> list[float]:
-    """``robust_scale`` of ``z[max(0, e - window):e]`` for each end ``e``, bit for bit: the
-    same differences and the same order statistic, picked by ``np.partition`` (batch paths
-    use it for a noise scale recomputed every few points)."""
-    out: list[float] = []
-    full = ends >= window
-    vals: list[float] = []
-    if full.any():
-        d = np.abs(z[1:] - z[:-1])  # |z[i+1] - z[i]|, as robust_scale forms them
-        rows = windows(d, window - 1)[ends[full] - window]
-        kth = (window - 1) // 2
-        med = 1.0484 * np.partition(rows, kth, axis=1)[:, kth]
-        if full.all() and med.all():
-            return med.tolist()  # full windows, none zero: nothing to redo one by one
-        vals = med.tolist()
-    it = iter(vals)
-    for e, f in zip(ends.tolist(), full.tolist(), strict=True):
-        v = next(it) if f else 0.0
-        if not f or v == 0.0:
-            v = robust_scale(z[max(0, e - window) : e].tolist())  # short window, or zero
-        out.append(v)
-    return out
-
-
-def running_medians(prev: list[float], new: list[float], size: int) -> list[float]:
-    """After each value of ``new``, ``sorted(w)[len(w) // 2]`` of the window ``w`` of the
-    last ``size`` values (fewer at the start of a series; ``prev``: the values before).
-
-    The running median that smoothers keep in a list, for a whole batch: full windows
-    are sorted by numpy (a median is one of the values, so the result is exact).
-
-    >>> running_medians([], [3.0, 1.0, 2.0, 9.0], 3)
-    [3.0, 3.0, 2.0, 2.0]
-    """
-    seq = prev[max(0, len(prev) - size + 1) :] + new if size > 1 else list(new)
-    off = len(seq) - len(new)
-    out = [0.0] * len(new)
-    for j in range(min(len(new), max(0, size - 1 - off))):
-        p = off + j  # a window still short of ``size``: the series so far
-        out[j] = sorted(seq[: p + 1])[(p + 1) // 2]
-    first = max(0, size - 1 - off)
-    if first < len(new):
-        rows = np.sort(windows(np.array(seq), size), axis=1)[:, size // 2]
-        out[first:] = rows[off + first - size + 1 :].tolist()
-    return out
-
-
 NOISE_RATE = 0.01
 """How fast the smoothers' noise EMA follows the absolute first difference."""
 _NOISE_KEEP = 1.0 - NOISE_RATE
@@ -373,25 +285,9 @@ _NOISE_KEEP = 1.0 - NOISE_RATE
 
 def ema_step(e: float, x: float, alpha: float, beta: float) -> float:
     """One EMA step, ``alpha·x + beta·e`` (``beta`` = 1 - ``alpha``): the one form every
-    EMA of the detectors takes, streaming or batched, because ``ema_many`` forms exactly
-    these floats (``e + alpha·(x - e)`` would round differently)."""
+    EMA of the detectors takes; the compiled batch kernels form exactly these floats
+    (``e + alpha·(x - e)`` would round differently)."""
     return alpha * x + beta * e
-
-
-def ema_many(e: float, x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
-    """``ema_step`` after each of ``x`` (NaN ``e``: the EMA starts at ``x[0]``), bit for
-    bit: ``lfilter`` computes ``beta·e`` then adds ``alpha·x``, the same two roundings
-    (``tests/detect/test_batch.py`` checks it).
-
-    >>> ema_many(float("nan"), np.array([1.0, 2.0, 4.0]), 0.5, 0.5).tolist()
-    [1.0, 1.5, 2.75]
-    """
-    x = np.asarray(x, dtype=float)
-    if x.size == 0:
-        return np.empty(0)
-    if e != e:
-        return np.concatenate((x[:1], ema_many(float(x[0]), x[1:], alpha, beta)))
-    return lfilter([alpha], [1.0, -beta], x, zi=[beta * e])[0]
 
 
 def noise_step(a: float, d: float) -> float:
@@ -402,77 +298,3 @@ def noise_step(a: float, d: float) -> float:
         return d
     t = 5.0 * a + 1e-12
     return ema_step(a, t if t < d else d, NOISE_RATE, _NOISE_KEEP)
-
-
-def noise_many(a: float, diffs: np.ndarray) -> np.ndarray:
-    """``noise_step`` after each of ``diffs``, bit for bit: ``ema_many`` over the stretch
-    up to the first capped difference (a jump: ~1 in 150 points of the real losses), that
-    one by ``noise_step``, and on from there.
-
-    >>> noise_many(float("nan"), np.array([0.2, 0.4, 9.0])).tolist()
-    [0.2, 0.202, 0.21008000000001]
-    """
-    diffs = np.asarray(diffs, dtype=float)
-    n = diffs.size
-    out = np.empty(n)
-    i = 0
-    if n and a != a:
-        a = out[0] = diffs[0]
-        i = 1
-    chunk = 256
-    while i < n:
-        seg = diffs[i : min(n, i + chunk)]
-        ys = ema_many(a, seg, NOISE_RATE, _NOISE_KEEP)
-        before = np.concatenate(([a], ys[:-1]))
-        capped = seg > 5.0 * before + 1e-12
-        c = int(np.argmax(capped)) if capped.any() else seg.size
-        out[i : i + c] = ys[:c]
-        if c < seg.size:
-            out[i + c] = noise_step(float(before[c]), float(seg[c]))
-            c += 1
-            chunk = 256
-        else:
-            chunk = min(2 * chunk, 8192)
-        a = float(out[i + c - 1])
-        i += c
-    return out
-
-
-def smooth_many(
-    absdiff: float, ema: float, alpha: float, beta: float, diffs: np.ndarray, medians
-) -> tuple[np.ndarray, np.ndarray]:
-    """The noise EMA and the smoothed value after each point, for a whole batch.
-
-    The smoothers of CurveDeviation and Divergence keep ``absdiff``, the noise EMA of the
-    absolute first differences (``diffs``, ``noise_step``), and ``ema``, an EMA
-    (``ema_step``) of the running median (``medians``): the same floats as their own
-    ``update`` forms. Returns (absdiffs, emas).
-
-    >>> ads, emas = smooth_many(float("nan"), 1.0, 0.5, 0.5, [0.2, 0.4], [1.0, 2.0])
-    >>> ads.tolist(), emas.tolist()
-    ([0.2, 0.202], [1.0, 1.5])
-    """
-    return noise_many(absdiff, diffs), ema_many(ema, medians, alpha, beta)
-
-
-def smoothed_state(
-    d: Detector,
-    n0: int,
-    xs: list[float],
-    absdiffs: np.ndarray,
-    emas: np.ndarray,
-    recent0: list[float],
-    size: int,
-    j: int,
-) -> None:
-    """Put the smoother's state of CurveDeviation or Divergence ``d`` where its ``update``
-    leaves it after the first ``j`` of ``xs`` (``absdiffs``, ``emas``: from
-    ``smooth_many``; ``n0``, ``recent0``: its count and running-median window before
-    them; ``size``: that window's length)."""
-    if j == 0:
-        return
-    d._n = n0 + j
-    d._prev = xs[j - 1]
-    d._absdiff = float(absdiffs[j - 1])
-    d._ema = float(emas[j - 1])
-    d._recent[:] = (recent0 + xs[max(0, j - size) : j])[-size:]

@@ -4,9 +4,10 @@ Replay (``analyze_frame``) feeds points sorted by step, so within a series steps
 back and a restart can never rewind a detector: series are then independent except for
 the precursor links between grad-norm and loss spikes and the order of the anomaly list.
 This module gives each detector of a series all its points through
-``Detector.update_many`` (exactly ``update`` point by point; Spike, Regression,
-Divergence, CurveDeviation and Stall do their quiet stretches in numpy, LRSanity loops
-over ``update``), builds the episodes from the signals with the Monitor's own
+``Detector.update_many`` (exactly ``update`` point by point: every default detector runs
+the points it does not flag in a compiled kernel, ``runwatch/detect/_*_kernel.pyx``, and
+calls ``update`` or builds the signal in Python only at the points it flags), builds the
+episodes from the signals with the Monitor's own
 ``_handle``, checks non-finite values with numpy (most points are finite, and a series
 of role "other" needs nothing else),
 replays the precursor links in row order afterwards, and orders the anomalies by the row

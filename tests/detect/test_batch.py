@@ -11,7 +11,6 @@ import pandas as pd
 import pytest
 
 from runwatch.detect import DETECTORS, Detector, Monitor, Spike, analyze_frame
-from runwatch.detect.base import ema_many, ema_step, noise_many, noise_step
 from runwatch.detect.deviation import CurveDeviation
 from runwatch.detect.divergence import Divergence
 from runwatch.detect.lr import LRSanity
@@ -87,24 +86,6 @@ def test_spike_score_update_many_equals_update(window):
     got += many.update_many(vals[1234:])
     assert got == sum(flags) and got > 0
     assert many.__dict__ == one.__dict__
-
-
-@pytest.mark.parametrize("alpha", [0.01, 2.0 / 21.0, 0.3])
-def test_batched_emas_equal_the_step_by_step_emas_bit_for_bit(alpha):
-    # Heavy tails: the noise EMA is capped at many points, and restarts after each.
-    rng = np.random.default_rng(5)
-    x = np.exp(2.0 * rng.standard_normal(20_000))
-    beta = 1.0 - alpha
-    e, emas = 0.7, []
-    a, noise = math.nan, []
-    for v in x.tolist():
-        e = ema_step(e, v, alpha, beta)
-        a = noise_step(a, v)
-        emas.append(e)
-        noise.append(a)
-    assert ema_many(0.7, x, alpha, beta).tolist() == emas
-    assert noise_many(math.nan, x).tolist() == noise
-    assert noise_many(noise[99], x[100:]).tolist() == noise[100:]
 
 
 def test_a_detector_error_counts_the_same_in_batch_and_streaming(monkeypatch):
