@@ -31,6 +31,7 @@ __all__ = [
     "check_number",
     "ema_step",
     "guarded",
+    "kernel_loop",
     "noise_step",
     "robust_scale",
 ]
@@ -227,6 +228,28 @@ def guarded(
     except Exception:
         on_error(i)
         return None
+
+
+def kernel_loop(
+    advance: Callable[[int], int],
+    update: Callable[[int, float], Signal | None],
+    steps: Sequence[int],
+    values: Sequence[float],
+    on_error: Callable[[int], None] | None,
+) -> list[tuple[int, Signal]]:
+    """``update_many`` around a compiled kernel: ``advance(i)`` moves the detector over the
+    points from ``i`` that it does not flag and returns the first one ``update`` must see
+    (``len(values)``: none is left); that point goes through ``update`` (``guarded``), and
+    the kernel goes on after it. Returns ``(index, signal)`` for the flagged points."""
+    out: list[tuple[int, Signal]] = []
+    n = len(values)
+    i = 0
+    while (i := advance(i)) < n:
+        sig = guarded(update, steps[i], values[i], i, on_error)
+        if sig is not None:
+            out.append((i, sig))
+        i += 1
+    return out
 
 
 def check_number(

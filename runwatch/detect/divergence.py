@@ -15,7 +15,7 @@ from runwatch.detect.base import (
     check_lengths,
     check_number,
     ema_step,
-    guarded,
+    kernel_loop,
     noise_step,
 )
 
@@ -186,15 +186,8 @@ class Divergence(Detector):
         check_lengths(steps, values)
         if set(map(type, values)) - {float}:  # update keeps ints as given: the plain loop
             return super().update_many(steps, values, on_error)
-        out: list[tuple[int, Signal]] = []
         vals = np.ascontiguousarray(values, dtype=float)
-        p = quiet(self, vals, 0)
-        while p < len(vals):
-            sig = guarded(self.update, steps[p], values[p], p, on_error)
-            if sig is not None:
-                out.append((p, sig))
-            p = quiet(self, vals, p + 1)
-        return out
+        return kernel_loop(lambda i: quiet(self, vals, i), self.update, steps, values, on_error)
 
     def _reset_state_linear(self) -> None:
         self._n = 0

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from runwatch.detect._lr_kernel import learn_quiet
-from runwatch.detect.base import Detector, Signal, check_lengths, check_number, guarded
+from runwatch.detect.base import Detector, Signal, check_lengths, check_number, kernel_loop
 
 
 class LRSanity(Detector):
@@ -166,16 +166,9 @@ class LRSanity(Detector):
         check_lengths(steps, values)
         st = np.asarray(steps, dtype=np.int64)
         vs = np.asarray(values, dtype=float)
-        out: list[tuple[int, Signal]] = []
-        i, n = 0, len(vs)
-        while True:
-            i = learn_quiet(self, st, vs, i)
-            if i >= n:
-                return out
-            sig = guarded(self.update, steps[i], values[i], i, on_error)
-            if sig is not None:
-                out.append((i, sig))
-            i += 1
+        return kernel_loop(
+            lambda i: learn_quiet(self, st, vs, i), self.update, steps, values, on_error
+        )
 
     def _signal(self, sev: str, value: float, pred: float, resid: float, what: str) -> Signal:
         tol = self.jump_tol * self._peak

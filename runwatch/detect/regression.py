@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from runwatch.detect._regression_kernel import Quiet
-from runwatch.detect.base import Detector, Signal, check_lengths, check_number, guarded
+from runwatch.detect.base import Detector, Signal, check_lengths, check_number, kernel_loop
 
 
 class Regression(Detector):
@@ -177,16 +177,9 @@ class Regression(Detector):
         (``_regression_kernel.Quiet``: the same operations, the same result); only a
         flagged point, or one ``update`` raises on, goes through ``update`` itself."""
         check_lengths(steps, values)
-        out: list[tuple[int, Signal]] = []
         vals = np.ascontiguousarray(values, dtype=float)
         quiet = Quiet(self)
-        p = quiet.run(vals, 0)
-        while p < len(vals):
-            sig = guarded(self.update, steps[p], values[p], p, on_error)
-            if sig is not None:
-                out.append((p, sig))
-            p = quiet.run(vals, p + 1)
-        return out
+        return kernel_loop(lambda i: quiet.run(vals, i), self.update, steps, values, on_error)
 
     def _signal(self, value: float, change: float) -> Signal:
         c, s = self._center, self._clip_band()

@@ -14,7 +14,7 @@ from runwatch.detect.base import (
     check_choice,
     check_lengths,
     check_number,
-    guarded,
+    kernel_loop,
     robust_scale,
 )
 from runwatch.detect.spikescore import SpikeScore
@@ -203,19 +203,13 @@ class Spike(Detector):
         point that is flagged or ends log space, which goes through ``_judge``.
         """
         check_lengths(steps, values)
-        out: list[tuple[int, Signal]] = []
         vals = np.asarray(values, dtype=float)
-        n = vals.size
         # The spike score sees every finite value whatever the detector decides: count
         # them all at once; the points below then skip it (``_judge``, not ``update``).
         self._score.update_many(vals)
-        i = 0
-        while (i := quiet_stretch(self, vals, i)) < n:
-            sig = guarded(self._judge, steps[i], values[i], i, on_error)
-            if sig is not None:
-                out.append((i, sig))
-            i += 1
-        return out
+        return kernel_loop(
+            lambda i: quiet_stretch(self, vals, i), self._judge, steps, values, on_error
+        )
 
     def _signal(
         self, step: int, value: float, center: float, scale: float, z: float, run: int, adapted

@@ -183,29 +183,37 @@ cdef double _cube(double x) noexcept nogil:
     return -pow(-x, 3.0) if x < 0.0 else pow(x, 3.0)
 
 
+cdef const double* _data(arr, Py_ssize_t n):
+    """The data of a C-contiguous float64 array (None, or no points: NULL); the caller
+    keeps the array alive while the pointer is in use."""
+    cdef const double[::1] view
+    if arr is None or n == 0:
+        return NULL
+    view = arr
+    return &view[0]
+
+
+cdef void _problem(Problem* pb, const double[::1] xs, const double[::1] ys, sws, zs,
+                   double f2):
+    """Fill ``pb`` with a fit's points (see ``solve`` for the arguments)."""
+    pb.n = xs.shape[0]
+    pb.xs = &xs[0] if pb.n else NULL
+    pb.ys = &ys[0] if pb.n else NULL
+    pb.sws = _data(sws, pb.n)
+    pb.zs = _data(zs, pb.n)
+    pb.f2 = f2
+
+
 def cost_at(const double[::1] xs, const double[::1] ys, sws, p, double f2, zs=None) -> float:
     """The soft-L1 cost of the fit's points at parameters ``p`` (see ``solve``)."""
     cdef Problem pb
     cdef double pp[4]
     cdef Py_ssize_t n = xs.shape[0]
-    cdef const double[::1] w
-    cdef const double[::1] z
     cdef int k
     cdef double* buf = <double*> malloc(3 * max(n, 1) * sizeof(double))
     if buf == NULL:
         raise MemoryError()
-    pb.xs = &xs[0] if n else NULL
-    pb.ys = &ys[0] if n else NULL
-    pb.sws = NULL
-    if sws is not None:
-        w = sws
-        pb.sws = &w[0] if n else NULL
-    pb.zs = NULL
-    if zs is not None:
-        z = zs
-        pb.zs = &z[0] if n else NULL
-    pb.n = n
-    pb.f2 = f2
+    _problem(&pb, xs, ys, sws, zs, f2)
     for k in range(4):
         pp[k] = p[k]
     try:
@@ -231,8 +239,6 @@ def solve(const double[::1] xs, const double[::1] ys, sws, p0, lo, hi, double f2
     """
     cdef Problem pb
     cdef Py_ssize_t n = xs.shape[0]
-    cdef const double[::1] w
-    cdef const double[::1] z
     cdef double p[4]
     cdef double pn[4]
     cdef double plo[4]
@@ -258,18 +264,7 @@ def solve(const double[::1] xs, const double[::1] ys, sws, p0, lo, hi, double f2
     cdef double* rn = buf + 3 * n
     cdef double* base_n = buf + 4 * n
     cdef double* pw_n = buf + 5 * n
-    pb.xs = &xs[0] if n else NULL
-    pb.ys = &ys[0] if n else NULL
-    pb.sws = NULL
-    if sws is not None:
-        w = sws
-        pb.sws = &w[0] if n else NULL
-    pb.zs = NULL
-    if zs is not None:
-        z = zs
-        pb.zs = &z[0] if n else NULL
-    pb.n = n
-    pb.f2 = f2
+    _problem(&pb, xs, ys, sws, zs, f2)
     for k in range(4):
         p[k] = p0[k]
         plo[k] = lo[k]
