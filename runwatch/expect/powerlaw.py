@@ -156,7 +156,8 @@ def _grid_start(xs: np.ndarray, y: np.ndarray, w: np.ndarray, lo, hi) -> np.ndar
     e = np.clip((sy - a * sb) / sw, lo[0], hi[0])
     with np.errstate(divide="ignore", invalid="ignore"):
         a = np.maximum(np.nan_to_num((wb * (y - e[:, None])).sum(1) / sbb), 0.0)
-    sq = (e[:, None] + a[:, None] * b - y) ** 2
+    with np.errstate(over="ignore"):  # a huge value: an infinite cost, never the best
+        sq = (e[:, None] + a[:, None] * b - y) ** 2
     cost = (sq if unit else w * sq).sum(1)
     k = int(np.argmin(cost))
     return np.array([e[k], max(a[k], 1e-12), alpha[k, 0], s0[k, 0]])
