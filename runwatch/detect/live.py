@@ -11,7 +11,7 @@ feed_batch``: exactly what ``Monitor.update`` row by row gives, about ten times 
 a batch in which a series goes back (a restart) goes row by row.
 
 Why a thread of its own: detection costs about as much per point as writing (~0.6 us each,
-`bench/log_overhead.py`), and far more on a batch full of flagged points. Run in the writer,
+``bench/log_overhead.py``), and far more on a batch full of flagged points. Run in the writer,
 it would at least halve the writer's throughput and delay durability; here it can only fall
 behind. If it falls more than ``max_backlog_points`` behind (a run logging
 hundreds of thousands of points a second), whole batches are skipped, counted and warned
