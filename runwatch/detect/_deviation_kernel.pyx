@@ -22,6 +22,8 @@ from libc.math cimport fabs, isfinite, log, log2, pow, sqrt
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from libc.stdlib cimport free, malloc
 
+from runwatch._pyfloat cimport py_max, stable_sort
+
 from runwatch.detect.base import NOISE_RATE
 from runwatch.expect.powerlaw import PowerLaw
 
@@ -36,11 +38,6 @@ cdef enum:
     _STALLED = 2
 
 ABOVE, BELOW, STALLED = _ABOVE, _BELOW, _STALLED  # the kinds of ``Run.events``
-
-
-cdef inline double _py_max(double a, double b) noexcept nogil:
-    """Python's ``max(a, b)``: ``a`` unless ``b`` is greater."""
-    return b if b > a else a
 
 
 cdef class Run:
@@ -344,7 +341,7 @@ cdef class Run:
     cdef Py_ssize_t _run(self, Py_ssize_t j) except -1:
         cdef Py_ssize_t m = self.m, i, k, t
         cdef long long step, nn, o
-        cdef double stepd, v, a1, a2, dd, ad, e, med, key, p, fwd, part, ee, sigma
+        cdef double stepd, v, a1, a2, dd, ad, e, med, p, fwd, part, ee, sigma
         cdef double half, then, d_exp, d_obs, need
         cdef double srt[5]
         cdef bint has_ar, new_anneal, test
@@ -387,13 +384,7 @@ cdef class Run:
                     t += 1
                 srt[t] = v
                 t += 1
-                for i in range(1, t):  # a stable insertion sort: sorted() alike
-                    key = srt[i]
-                    k = i
-                    while k > 0 and srt[k - 1] > key:
-                        srt[k] = srt[k - 1]
-                        k -= 1
-                    srt[k] = key
+                stable_sort(srt, t)
                 med = srt[t // 2]
                 e = self.alpha * med + self.beta * self.ema
             lawk = self.lawk
@@ -410,13 +401,13 @@ cdef class Run:
                 j += 1
                 continue
             if lawk == 1:
-                p = pow(_py_max(stepd + self.s0, 1e-9), self.a_exp)
+                p = pow(py_max(stepd + self.s0, 1e-9), self.a_exp)
                 if not isfinite(p):
                     return j
                 fwd = self.A * p
                 part = fwd
             else:
-                p = pow(_py_max(a1, 1e-300), self.a_exp)
+                p = pow(py_max(a1, 1e-300), self.a_exp)
                 if not isfinite(p):
                     return j
                 fwd = self.A * p
@@ -425,16 +416,16 @@ cdef class Run:
             if self.exp_ema == self.exp_ema:
                 ee = self.alpha * ee + self.beta * self.exp_ema
             sigma = 0.886 * ad * self.ema_sd
-            half = _py_max(
+            half = py_max(
                 self.band_sigmas * sigma,
                 (self.rel_margin + self.val_err
-                 + self.extrap_rel * log(_py_max(stepd, self.fit_step) / self.fit_step))
+                 + self.extrap_rel * log(py_max(stepd, self.fit_step) / self.fit_step))
                 * fabs(ee),
             )
             new_anneal = False
             if lawk == 2:
                 new_anneal = a2 > self.s2_seen
-                half += self.unseen_anneal * self.C * _py_max(a2 - self.s2_seen, 0.0)
+                half += self.unseen_anneal * self.C * py_max(a2 - self.s2_seen, 0.0)
             if e > ee + half:
                 o = self.over + 1
                 if o >= self.patience and self.flagged + 1 >= self.adapt_after:
@@ -458,9 +449,9 @@ cdef class Run:
                         then = self.hf[t]
                     else:
                         if lawk == 1:
-                            p = pow(_py_max(<double> self.hs[t] + self.s0, 1e-9), self.a_exp)
+                            p = pow(py_max(<double> self.hs[t] + self.s0, 1e-9), self.a_exp)
                         else:
-                            p = pow(_py_max(self.hs1[t], 1e-300), self.a_exp)
+                            p = pow(py_max(self.hs1[t], 1e-300), self.a_exp)
                         if not isfinite(p):
                             return j
                         then = self.A * p
@@ -474,7 +465,7 @@ cdef class Run:
             if test:
                 d_exp = then - fwd
                 d_obs = self.he[t] - e
-                need = _py_max(self.bs_sqrt2 * sigma, self.stall_min * fabs(e))
+                need = py_max(self.bs_sqrt2 * sigma, self.stall_min * fabs(e))
                 if d_exp > need and d_obs < self.stall_frac * d_exp:
                     self.stalled += 1
                     if self.stalled >= self.patience:

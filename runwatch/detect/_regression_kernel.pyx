@@ -15,61 +15,16 @@ sorted them (the values are finite: no NaN to order).
 
 from libc.math cimport INFINITY, NAN, exp, fabs, isfinite, log
 from libc.stdlib cimport free, malloc
-from libc.string cimport memmove
 
-
-cdef inline double _py_max(double a, double b) noexcept nogil:
-    """Python's ``max(a, b)``: ``a`` unless ``b`` is greater."""
-    return b if b > a else a
-
-
-cdef inline double _py_min(double a, double b) noexcept nogil:
-    """Python's ``min(a, b)``: ``a`` unless ``b`` is smaller."""
-    return b if b < a else a
-
-
-cdef inline Py_ssize_t _lower(const double* a, Py_ssize_t n, double v) noexcept nogil:
-    """The first index of the sorted ``a[:n]`` whose value is not below ``v`` (a search
-    without data-dependent branches: the windows' order is noise, unpredictable)."""
-    cdef const double* base = a
-    cdef Py_ssize_t half
-    if n == 0:
-        return 0
-    while n > 1:
-        half = n >> 1
-        base += half * (base[half - 1] < v)
-        n -= half
-    return (base - a) + (base[0] < v)
-
-
-cdef inline void _insert(double* a, Py_ssize_t n, double v) noexcept nogil:
-    """Insert ``v`` into the sorted ``a[:n]`` (room for one more)."""
-    cdef Py_ssize_t i = _lower(a, n, v)
-    memmove(a + i + 1, a + i, (n - i) * sizeof(double))
-    a[i] = v
-
-
-cdef inline void _remove(double* a, Py_ssize_t n, double v) noexcept nogil:
-    """Drop one value equal to ``v`` from the sorted ``a[:n]`` (one is there)."""
-    cdef Py_ssize_t i = _lower(a, n, v)
-    memmove(a + i, a + i + 1, (n - i - 1) * sizeof(double))
+from runwatch._pyfloat cimport (
+    insert_sorted, lower_bound, py_max, py_min, remove_sorted, replace_sorted,
+)
 
 
 cdef struct Window:
     double* ring       # the values in arrival order: ring[(head + i) % cap], i < n
     double* srt        # the same values, sorted
     Py_ssize_t cap, head, n
-
-
-cdef inline void _replace(double* a, Py_ssize_t n, double old, double v) noexcept nogil:
-    """Put ``v`` in place of one value equal to ``old`` in the sorted ``a[:n]``."""
-    cdef Py_ssize_t i = _lower(a, n, old), j = _lower(a, n, v)
-    if j > i:
-        memmove(a + i, a + i + 1, (j - i - 1) * sizeof(double))
-        a[j - 1] = v
-    else:
-        memmove(a + j + 1, a + j, (i - j) * sizeof(double))
-        a[j] = v
 
 
 cdef inline double _push(Window* w, double v) noexcept nogil:
@@ -79,7 +34,7 @@ cdef inline double _push(Window* w, double v) noexcept nogil:
     cdef Py_ssize_t t
     if w.n == w.cap:
         old = w.ring[w.head]
-        _replace(w.srt, w.n, old, v)
+        replace_sorted(w.srt, w.n, old, v)
         w.ring[w.head] = v
         w.head += 1
         if w.head == w.cap:
@@ -87,7 +42,7 @@ cdef inline double _push(Window* w, double v) noexcept nogil:
     else:
         t = w.head + w.n
         w.ring[t - w.cap if t >= w.cap else t] = v
-        _insert(w.srt, w.n, v)
+        insert_sorted(w.srt, w.n, v)
         w.n += 1
     return old
 
@@ -97,10 +52,10 @@ cdef inline void _unpush(Window* w, double v, double old) noexcept nogil:
     if old == old:
         w.head = (w.head if w.head else w.cap) - 1
         w.ring[w.head] = old
-        _replace(w.srt, w.n, v, old)
+        replace_sorted(w.srt, w.n, v, old)
     else:
         w.n -= 1
-        _remove(w.srt, w.n + 1, v)
+        remove_sorted(w.srt, w.n + 1, v)
 
 
 cdef inline void _take(double x, double* top, double* second) noexcept nogil:
@@ -122,7 +77,7 @@ cdef void _median_mad(const Window* w, double* med, double* mad) noexcept nogil:
     cdef Py_ssize_t n = w.n, h = n // 2, k = h + 1, r, nl, nu, a, b, lo, hi
     cdef double m, top, second
     m = s[h] if n % 2 else 0.5 * (s[h - 1] + s[h])
-    r = _lower(s, n, m)  # lo[j] = |s[r - 1 - j] - m|, up[j] = |s[r + j] - m|
+    r = lower_bound(s, n, m)  # lo[j] = |s[r - 1 - j] - m|, up[j] = |s[r + j] - m|
     nl, nu = r, n - r
     lo, hi = (k - nu if k > nu else 0), (k if k < nl else nl)
     while lo < hi:  # the least a whose next up distance is not below lo[a]
@@ -221,8 +176,8 @@ cdef class Quiet:
                         break  # update raises (a zero scale: min_scale 0, no spread)
                     old = _push(rec, d)
                     z = (d - center) / scale
-                    zc = _py_min(_py_max(z, -clip), clip)
-                    cus = _py_max(0.0, cusum + zc - k)
+                    zc = py_min(py_max(z, -clip), clip)
+                    cus = py_max(0.0, cusum + zc - k)
                     grown = exp(rec.srt[rec.n // 2] - center)  # change = grown - 1.0
                     if grown == INFINITY or not (cus <= h or grown - 1.0 < min_change):
                         _unpush(rec, d, old)
@@ -242,7 +197,7 @@ cdef class Quiet:
                     since = 0
                     _median_mad(buf, &med, &mad)
                     center = med
-                    scale = _py_max(1.4826 * mad, min_scale)
+                    scale = py_max(1.4826 * mad, min_scale)
                 i += 1
         if learned:
             det._buf = self.buf_list = _values(buf)

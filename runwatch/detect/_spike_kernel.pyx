@@ -18,46 +18,7 @@ from libc.math cimport fabs, isfinite, log, sqrt
 from libc.stdlib cimport free, malloc
 from libc.string cimport memmove
 
-
-cdef inline Py_ssize_t _below(const double* a, Py_ssize_t n, double v) noexcept nogil:
-    """How many of ``a[:n]`` are below ``v``: where ``v`` goes in the sorted ``a[:n]``
-    (a count, not a binary search: the windows are short, their order is noise)."""
-    cdef Py_ssize_t j, c = 0
-    for j in range(n):
-        c += a[j] < v
-    return c
-
-
-cdef inline void _insert(double* a, Py_ssize_t n, double v) noexcept nogil:
-    """Insert ``v`` into the sorted ``a[:n]`` (room for one more)."""
-    cdef Py_ssize_t q = _below(a, n, v)
-    memmove(a + q + 1, a + q, (n - q) * sizeof(double))
-    a[q] = v
-
-
-cdef inline void _replace(double* a, Py_ssize_t n, double old, double v) noexcept nogil:
-    """Replace one value equal to ``old`` (one is there: no NaN) by ``v`` in the sorted
-    ``a[:n]``, shifting only the values between the two places."""
-    cdef Py_ssize_t p = _below(a, n, old), q = _below(a, n, v)
-    if q > p:
-        memmove(a + p, a + p + 1, (q - 1 - p) * sizeof(double))
-        a[q - 1] = v
-    else:
-        memmove(a + q + 1, a + q, (p - q) * sizeof(double))
-        a[q] = v
-
-
-cdef inline void _sort_few(double* a, Py_ssize_t n) noexcept nogil:
-    """Sort ``a[:n]`` in place (insertion: ~8 values, a whole buffer only at a start)."""
-    cdef Py_ssize_t i, j
-    cdef double v
-    for i in range(1, n):
-        v = a[i]
-        j = i
-        while j > 0 and a[j - 1] > v:
-            a[j] = a[j - 1]
-            j -= 1
-        a[j] = v
+from runwatch._pyfloat cimport insert_sorted, replace_sorted, stable_sort
 
 
 cdef struct Baseline:
@@ -87,8 +48,8 @@ cdef void _flush_diffs(Baseline* b) noexcept nogil:
     for j in range(b.fhi if b.fhi > b.lo + 1 else b.lo + 1, b.hi):
         b.adds[na] = fabs(b.z[j] - b.z[j - 1])
         na += 1
-    _sort_few(b.drops, nr)
-    _sort_few(b.adds, na)
+    stable_sort(b.drops, nr)
+    stable_sort(b.adds, na)
     for i in range(m):
         v = b.diffs[i]
         if r < nr and v == b.drops[r]:
@@ -135,9 +96,9 @@ cdef void _learn(Baseline* b, double x) noexcept nogil:
         b.lo = b.flo = 0
         b.hi = b.fhi = nb
     if nb >= b.cw:
-        _replace(b.centre, b.cw, b.z[b.hi - b.cw], x)
+        replace_sorted(b.centre, b.cw, b.z[b.hi - b.cw], x)
     else:
-        _insert(b.centre, nb, x)
+        insert_sorted(b.centre, nb, x)
     if nb == b.window:
         b.lo += 1
     b.z[b.hi] = x
@@ -180,7 +141,7 @@ def quiet_stretch(d, const double[::1] values, Py_ssize_t i) -> int:
         b.hi = len(buf)
         h = b.hi - b.cw if b.hi > b.cw else 0
         for k in range(h, b.hi):
-            _insert(b.centre, k - h, b.z[k])
+            insert_sorted(b.centre, k - h, b.z[k])
         b.flo = b.fhi = 0
         _flush_diffs(&b)
         with nogil:

@@ -20,6 +20,8 @@ from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 
+from runwatch._pyfloat cimport py_max, py_min, stable_sort
+
 cdef double LN2 = log(2.0)
 cdef long long KCAP = 1 << 22  # bins beyond this (an absurd LR ratio): the Python loop
 
@@ -31,16 +33,6 @@ cdef struct Bins:
     Py_ssize_t n_order
     Py_ssize_t K
     bint cleared
-
-
-cdef inline double _py_max(double a, double b) noexcept nogil:
-    """Python's ``max(a, b)``: ``a`` unless ``b`` is greater."""
-    return b if b > a else a
-
-
-cdef inline double _py_min(double a, double b) noexcept nogil:
-    """Python's ``min(a, b)``: ``a`` unless ``b`` is smaller."""
-    return b if b < a else a
 
 
 cdef inline long long _key(double x) noexcept nogil:
@@ -405,13 +397,12 @@ cdef list _run(d, Py_ssize_t m, double* xs, double* lss, long long* ks, Py_ssize
     bins.s = all_bins.s = NULL
     bins.has = all_bins.has = NULL
     bins.order = all_bins.order = NULL
-    cdef Py_ssize_t K = 0, j, i, w, p, q, kk
+    cdef Py_ssize_t K = 0, j, i, w, p, kk
     cdef long long k
     cdef double x, ls, med, lim, xc, val, ma, mb, la, lb, d_exp, d_obs, se, need, na, nbn
     cdef double sl
     cdef double* cur
     cdef double l5w[5]
-    cdef double tv
     cdef bint flag
     cdef list out = []
     for j in range(m):
@@ -459,16 +450,12 @@ cdef list _run(d, Py_ssize_t m, double* xs, double* lss, long long* ks, Py_ssize
             l5[n_l5] = x
             n_l5 += 1
             p = n_l5 if n_l5 < l5_max else l5_max
-            for i in range(p):  # a stable insertion sort, as sorted() orders ties
-                tv = l5[n_l5 - p + i]
-                q = i - 1
-                while q >= 0 and l5w[q] > tv:
-                    l5w[q + 1] = l5w[q]
-                    q -= 1
-                l5w[q + 1] = tv
+            for i in range(p):
+                l5w[i] = l5[n_l5 - p + i]
+            stable_sort(l5w, p)
             med = l5w[p // 2]
             lim = 3.0 * sigma
-            xc = _py_min(_py_max(x, med - lim), med + lim)
+            xc = py_min(py_max(x, med - lim), med + lim)
             cx += xc - x0
             cl += ls
             cumx[n_cum] = cx
@@ -491,7 +478,7 @@ cdef list _run(d, Py_ssize_t m, double* xs, double* lss, long long* ks, Py_ssize
                         clip_base = all_bins.s[3 * kk + 1] / all_bins.s[3 * kk + 2]
                         break
                     kk -= 1
-            _add(&all_bins, k, ls, _py_min(xc, clip_base + clip * sigma))
+            _add(&all_bins, k, ls, py_min(xc, clip_base + clip * sigma))
             flag = False
             if n >= min_points:  # ``Stall._check``
                 w = <Py_ssize_t> (window_frac * n)
@@ -520,7 +507,7 @@ cdef list _run(d, Py_ssize_t m, double* xs, double* lss, long long* ks, Py_ssize
                         d_exp = -slope * (lb - la)
                         d_obs = ma - mb
                         se = sigma * sqrt(2.0 / w)
-                        need = _py_max(_py_max(z * se, z_resid * resid_scale), min_fall)
+                        need = py_max(py_max(z * se, z_resid * resid_scale), min_fall)
                         if not (d_exp > need and d_obs < stall_frac * d_exp):
                             over = 0
                             flagged = 0
@@ -559,7 +546,7 @@ cdef list _run(d, Py_ssize_t m, double* xs, double* lss, long long* ks, Py_ssize
                 cur = all_bins.s + 3 * k
                 na = a[2]
                 nbn = b[2] + cur[2]
-                if not has_lslope or lslope >= 0 or _py_min(na, nbn) < dmin_window:
+                if not has_lslope or lslope >= 0 or py_min(na, nbn) < dmin_window:
                     lt_over = 0
                 else:
                     ma = a[1] / na
@@ -567,7 +554,7 @@ cdef list _run(d, Py_ssize_t m, double* xs, double* lss, long long* ks, Py_ssize
                     d_exp = -lslope * ((b[0] + cur[0]) / nbn - a[0] / na)
                     d_obs = ma - mb
                     se = sigma * sqrt(1.0 / na + 1.0 / nbn)
-                    need = _py_max(_py_max(z * se, long_z * lt_scale), min_fall)
+                    need = py_max(py_max(z * se, long_z * lt_scale), min_fall)
                     p = n_lr if n_lr < lr_max else lr_max
                     if p < min_resid or not (d_exp > need and d_obs < stall_frac * d_exp):
                         lt_over = 0

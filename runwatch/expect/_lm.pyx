@@ -18,6 +18,8 @@ analytic Jacobians (see ``solve``):
 from libc.math cimport INFINITY, fabs, isfinite, log, pow, sqrt
 from libc.stdlib cimport free, malloc
 
+from runwatch._pyfloat cimport py_max, py_min
+
 
 cdef struct Problem:
     const double* xs   # scaled steps, >= 0
@@ -26,16 +28,6 @@ cdef struct Problem:
     const double* zs   # annealing areas (the LR-area law), NULL: the power law
     Py_ssize_t n
     double f2          # the soft-L1 scale, squared
-
-
-cdef inline double _py_max(double a, double b) noexcept nogil:
-    """Python's ``max(a, b)``: ``a`` unless ``b`` is greater (NaN never is)."""
-    return b if b > a else a
-
-
-cdef inline double _py_min(double a, double b) noexcept nogil:
-    """Python's ``min(a, b)``: ``a`` unless ``b`` is smaller."""
-    return b if b < a else a
 
 
 cdef double _residuals(Problem* pb, const double* p, double* r, double* base,
@@ -291,10 +283,10 @@ def solve(const double[::1] xs, const double[::1] ys, sws, p0, lo, hi, double f2
                     hf[4 * k + m] = h[4 * free_k[k] + free_k[m]]
             mx = hf[0]
             for k in range(1, nf):
-                mx = _py_max(mx, hf[5 * k])
-            floor = 1e-12 * _py_max(mx, 1e-300)
+                mx = py_max(mx, hf[5 * k])
+            floor = 1e-12 * py_max(mx, 1e-300)
             for k in range(nf):
-                dh[k] = _py_max(hf[5 * k], floor)
+                dh[k] = py_max(hf[5 * k], floor)
             while True:
                 if _damped_solve(hf, dh, lam, neg_g, nf, d):
                     for k in range(4):
@@ -302,14 +294,14 @@ def solve(const double[::1] xs, const double[::1] ys, sws, p0, lo, hi, double f2
                     for k in range(nf):
                         pn[free_k[k]] += d[k]
                     for k in range(4):
-                        pn[k] = _py_min(_py_max(pn[k], plo[k]), phi[k])
+                        pn[k] = py_min(py_max(pn[k], plo[k]), phi[k])
                     cn = _residuals(&pb, pn, rn, base_n, pw_n)
                     if cn < cost:
                         # Nielsen's damping update: follow how well the model predicted
                         # the gain.
                         pred = _predicted_gain(gf, hf, d, nf)
                         rho = (cost - cn) / pred if pred > 0 else 0.0
-                        lam *= _py_max(1.0 / 3.0, 1.0 - _cube(2.0 * rho - 1.0))
+                        lam *= py_max(1.0 / 3.0, 1.0 - _cube(2.0 * rho - 1.0))
                         nu = 2.0
                         break
                 lam *= nu

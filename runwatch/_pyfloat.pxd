@@ -1,0 +1,75 @@
+# cython: language_level=3
+"""Python's float semantics for the compiled kernels, in one place.
+
+Every kernel (``runwatch/detect/_*_kernel.pyx``, ``runwatch/expect/_lm.pyx``) must give
+the floats its Python definition gives, so each reproduces the same few things: Python's
+two-argument ``max``/``min`` (the first argument unless the second is strictly greater /
+smaller: NaN never is), ``sorted`` on a few values (stable: equal values, 0.0 and -0.0
+among them, keep their order), and sorted windows kept up to date as values come and go
+(a median or an order statistic is one of the values, whatever sorted them). Inline
+functions: each kernel compiles its own copy, with no call between modules.
+"""
+
+from libc.string cimport memmove
+
+
+cdef inline double py_max(double a, double b) noexcept nogil:
+    """Python's ``max(a, b)``: ``a`` unless ``b`` is greater."""
+    return b if b > a else a
+
+
+cdef inline double py_min(double a, double b) noexcept nogil:
+    """Python's ``min(a, b)``: ``a`` unless ``b`` is smaller."""
+    return b if b < a else a
+
+
+cdef inline void stable_sort(double* a, Py_ssize_t n) noexcept nogil:
+    """``a[:n] = sorted(a[:n])`` for a few values (an insertion sort: stable as ``sorted``)."""
+    cdef Py_ssize_t i, j
+    cdef double v
+    for i in range(1, n):
+        v = a[i]
+        j = i
+        while j > 0 and a[j - 1] > v:
+            a[j] = a[j - 1]
+            j -= 1
+        a[j] = v
+
+
+cdef inline Py_ssize_t lower_bound(const double* a, Py_ssize_t n, double v) noexcept nogil:
+    """The first index of the sorted ``a[:n]`` whose value is not below ``v`` (a search
+    without data-dependent branches: a window's order is noise, unpredictable)."""
+    cdef const double* base = a
+    cdef Py_ssize_t half
+    if n == 0:
+        return 0
+    while n > 1:
+        half = n >> 1
+        base += half * (base[half - 1] < v)
+        n -= half
+    return (base - a) + (base[0] < v)
+
+
+cdef inline void insert_sorted(double* a, Py_ssize_t n, double v) noexcept nogil:
+    """Insert ``v`` into the sorted ``a[:n]`` (room for one more)."""
+    cdef Py_ssize_t i = lower_bound(a, n, v)
+    memmove(a + i + 1, a + i, (n - i) * sizeof(double))
+    a[i] = v
+
+
+cdef inline void remove_sorted(double* a, Py_ssize_t n, double v) noexcept nogil:
+    """Drop one value equal to ``v`` from the sorted ``a[:n]`` (one is there: no NaN)."""
+    cdef Py_ssize_t i = lower_bound(a, n, v)
+    memmove(a + i, a + i + 1, (n - i - 1) * sizeof(double))
+
+
+cdef inline void replace_sorted(double* a, Py_ssize_t n, double old, double v) noexcept nogil:
+    """Put ``v`` in place of one value equal to ``old`` (one is there: no NaN) in the
+    sorted ``a[:n]``, shifting only the values between the two places."""
+    cdef Py_ssize_t i = lower_bound(a, n, old), j = lower_bound(a, n, v)
+    if j > i:
+        memmove(a + i, a + i + 1, (j - i - 1) * sizeof(double))
+        a[j - 1] = v
+    else:
+        memmove(a + j + 1, a + j, (i - j) * sizeof(double))
+        a[j] = v
