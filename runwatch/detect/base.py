@@ -33,6 +33,7 @@ __all__ = [
     "guarded",
     "kernel_loop",
     "noise_step",
+    "plain_points",
     "robust_scale",
 ]
 
@@ -230,17 +231,35 @@ def guarded(
         return None
 
 
+def plain_points(steps: Sequence[int], values: Sequence[float]) -> bool:
+    """True for what batch replay and live detection give: int steps and float values
+    (exactly those types). The compiled kernels take only these; anything else (numpy
+    scalars, int values, float steps) goes through ``update``, which keeps what it is given.
+
+    >>> plain_points([1, 2], [0.5, 0.4]), plain_points([1, 2], [1, 2])
+    (True, False)
+    """
+    return set(map(type, steps)) <= {int} and set(map(type, values)) <= {float}
+
+
 def kernel_loop(
-    advance: Callable[[int], int],
+    det: Detector,
+    start: Callable[[], Callable[[int], int]],
     update: Callable[[int, float], Signal | None],
     steps: Sequence[int],
     values: Sequence[float],
     on_error: Callable[[int], None] | None,
 ) -> list[tuple[int, Signal]]:
-    """``update_many`` around a compiled kernel: ``advance(i)`` moves the detector over the
-    points from ``i`` that it does not flag and returns the first one ``update`` must see
-    (``len(values)``: none is left); that point goes through ``update`` (``guarded``), and
-    the kernel goes on after it. Returns ``(index, signal)`` for the flagged points."""
+    """``update_many`` around a compiled kernel. On ``plain_points`` only (otherwise
+    ``Detector.update_many``, point by point): ``start()`` readies the kernel and returns
+    ``advance``, which moves the detector over the points from ``i`` that it does not flag
+    and returns the first one ``update`` must see (``len(values)``: none is left); that
+    point goes through ``update`` (``guarded``), and the kernel goes on after it. Returns
+    ``(index, signal)`` for the flagged points."""
+    check_lengths(steps, values)
+    if not plain_points(steps, values):
+        return Detector.update_many(det, steps, values, on_error)
+    advance = start()
     out: list[tuple[int, Signal]] = []
     n = len(values)
     i = 0

@@ -12,7 +12,6 @@ from runwatch.detect.base import (
     Detector,
     Signal,
     check_choice,
-    check_lengths,
     check_number,
     ema_step,
     kernel_loop,
@@ -183,11 +182,12 @@ class Divergence(Detector):
         """``update`` point by point, with the unflagged points done by a compiled loop
         (``_divergence_kernel.quiet``: the same operations, the same result); only a
         flagged point, or the end of log space, goes through ``update`` itself."""
-        check_lengths(steps, values)
-        if set(map(type, values)) - {float}:  # update keeps ints as given: the plain loop
-            return super().update_many(steps, values, on_error)
-        vals = np.ascontiguousarray(values, dtype=float)
-        return kernel_loop(lambda i: quiet(self, vals, i), self.update, steps, values, on_error)
+
+        def start() -> Callable[[int], int]:
+            vals = np.ascontiguousarray(values, dtype=float)
+            return lambda i: quiet(self, vals, i)
+
+        return kernel_loop(self, start, self.update, steps, values, on_error)
 
     def _reset_state_linear(self) -> None:
         self._n = 0

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from runwatch.detect._lr_kernel import learn_quiet
-from runwatch.detect.base import Detector, Signal, check_lengths, check_number, kernel_loop
+from runwatch.detect.base import Detector, Signal, check_number, kernel_loop
 
 
 class LRSanity(Detector):
@@ -163,12 +163,13 @@ class LRSanity(Detector):
         """``update`` point by point, with the points it only learns from done in compiled
         code (``_lr_kernel.learn_quiet``: the same floats); each point it could flag goes
         through ``update`` itself."""
-        check_lengths(steps, values)
-        st = np.asarray(steps, dtype=np.int64)
-        vs = np.asarray(values, dtype=float)
-        return kernel_loop(
-            lambda i: learn_quiet(self, st, vs, i), self.update, steps, values, on_error
-        )
+
+        def start() -> Callable[[int], int]:
+            st = np.asarray(steps, dtype=np.int64)
+            vs = np.asarray(values, dtype=float)
+            return lambda i: learn_quiet(self, st, vs, i)
+
+        return kernel_loop(self, start, self.update, steps, values, on_error)
 
     def _signal(self, sev: str, value: float, pred: float, resid: float, what: str) -> Signal:
         tol = self.jump_tol * self._peak

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from runwatch.detect._regression_kernel import Quiet
-from runwatch.detect.base import Detector, Signal, check_lengths, check_number, kernel_loop
+from runwatch.detect.base import Detector, Signal, check_number, kernel_loop
 
 
 class Regression(Detector):
@@ -176,10 +176,13 @@ class Regression(Detector):
         """``update`` point by point, with the unflagged points done by a compiled loop
         (``_regression_kernel.Quiet``: the same operations, the same result); only a
         flagged point, or one ``update`` raises on, goes through ``update`` itself."""
-        check_lengths(steps, values)
-        vals = np.ascontiguousarray(values, dtype=float)
-        quiet = Quiet(self)
-        return kernel_loop(lambda i: quiet.run(vals, i), self.update, steps, values, on_error)
+
+        def start() -> Callable[[int], int]:
+            vals = np.ascontiguousarray(values, dtype=float)
+            quiet = Quiet(self)
+            return lambda i: quiet.run(vals, i)
+
+        return kernel_loop(self, start, self.update, steps, values, on_error)
 
     def _signal(self, value: float, change: float) -> Signal:
         c, s = self._center, self._clip_band()

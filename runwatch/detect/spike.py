@@ -12,7 +12,6 @@ from runwatch.detect.base import (
     Detector,
     Signal,
     check_choice,
-    check_lengths,
     check_number,
     kernel_loop,
     robust_scale,
@@ -202,14 +201,15 @@ class Spike(Detector):
         ``quiet_stretch`` runs that loop in C (the same floats) and stops at the first
         point that is flagged or ends log space, which goes through ``_judge``.
         """
-        check_lengths(steps, values)
-        vals = np.asarray(values, dtype=float)
-        # The spike score sees every finite value whatever the detector decides: count
-        # them all at once; the points below then skip it (``_judge``, not ``update``).
-        self._score.update_many(vals)
-        return kernel_loop(
-            lambda i: quiet_stretch(self, vals, i), self._judge, steps, values, on_error
-        )
+
+        def start() -> Callable[[int], int]:
+            vals = np.asarray(values, dtype=float)
+            # The spike score sees every finite value whatever the detector decides:
+            # count them all at once; the points then skip it (``_judge``, not ``update``).
+            self._score.update_many(vals)
+            return lambda i: quiet_stretch(self, vals, i)
+
+        return kernel_loop(self, start, self._judge, steps, values, on_error)
 
     def _signal(
         self, step: int, value: float, center: float, scale: float, z: float, run: int, adapted

@@ -144,3 +144,27 @@ def test_kernels_equal_update_on_random_curves_and_parameters(cls):
         assert pickle.dumps(many.__dict__) == pickle.dumps(one.__dict__)
         compared += len(want)
     assert compared > 20  # the curves did make the detectors speak
+
+
+@pytest.mark.parametrize("cls", [Spike, Stall, CurveDeviation, Divergence, Regression, LRSanity])
+@pytest.mark.parametrize("inputs", ["float steps", "int values", "numpy scalars"])
+def test_inputs_a_replay_never_gives_go_through_update_alike(cls, inputs):
+    """The kernels take int steps and float values (what replay and live detection give);
+    anything else must still come out exactly as ``update`` point by point makes it."""
+    rng = np.random.default_rng(3)
+    n = 2000
+    curve = (2.0 + 5.0 * np.arange(1, n + 1) ** -0.3) * np.exp(0.02 * rng.standard_normal(n))
+    curve[[500, 1500]] *= 3.0
+    steps: list = list(range(n))
+    values: list = curve.tolist()
+    if inputs == "float steps":
+        steps = [s + 0.5 for s in steps]
+    elif inputs == "int values":
+        values = [int(v * 1000) for v in values]
+    else:
+        steps, values = list(np.arange(n)), list(curve)
+    one, many = cls(), cls()
+    want = [(i, repr(sig)) for i, (st, v) in enumerate(zip(steps, values, strict=True))
+            if (sig := one.update(st, v)) is not None]  # fmt: skip
+    assert [(i, repr(sig)) for i, sig in many.update_many(steps, values)] == want
+    assert pickle.dumps(many.__dict__) == pickle.dumps(one.__dict__)
