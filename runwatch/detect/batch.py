@@ -48,13 +48,16 @@ def feed_batch(
     (a restart or a late point), or raw labels that normalise alike - and then nothing
     was fed and the caller streams instead. Live detection feeds each written batch so.
     ``progress`` is told the rows fed so far after each series. ``series_codes``: a code
-    per row, one per series, when the caller has them already (``_series_codes`` makes
-    them otherwise).
+    per row, one per series (``fold_codes``), when the caller has them already; made here
+    otherwise.
     """
     n = steps.size
     if n == 0:
         return []
-    codes = _series_codes([metric, *label_cols.values()]) if series_codes is None else series_codes
+    codes = series_codes
+    if codes is None:
+        cols = [metric, *label_cols.values()]
+        codes = fold_codes([pd.factorize(c, use_na_sentinel=False)[0] for c in cols])
     order = np.argsort(codes, kind="stable")
     bounds = np.flatnonzero(np.diff(codes[order])) + 1
     groups = np.split(order, bounds)
@@ -110,17 +113,16 @@ def feed_batch(
     return grown + ordered
 
 
-def _series_codes(cols: list[np.ndarray]) -> np.ndarray:
-    """A code per row, one per series: rows with equal values in every column (all
-    missing values alike) share it, as ``groupby(dropna=False)`` groups them. Each column
-    is hashed (``pd.factorize``, what groupby does after building a frame, which would
-    first turn the object columns into strings) and the codes folded column by column.
-    """
-    codes = pd.factorize(cols[0], use_na_sentinel=False)[0]
-    for col in cols[1:]:
-        c = pd.factorize(col, use_na_sentinel=False)[0]
-        codes = pd.factorize(codes * (int(c.max()) + 1) + c)[0]  # < n: cannot overflow
-    return codes
+def fold_codes(codes: list[np.ndarray]) -> np.ndarray:
+    """A code per row, one per series, from a code per row of each column (the metric's,
+    then each label's: ``pd.factorize`` codes, missing values alike): rows equal in every
+    column share one, as ``groupby(dropna=False)`` groups them. Folded column by column
+    (factorising each column's codes, not its object values, which a groupby would first
+    turn into strings)."""
+    out = codes[0]
+    for c in codes[1:]:
+        out = pd.factorize(out * (int(c.max()) + 1) + c)[0]  # < n: cannot overflow
+    return out
 
 
 def _clock_states(clock: LRClock) -> tuple[np.ndarray, np.ndarray]:

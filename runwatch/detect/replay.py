@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from runwatch.detect.batch import feed_batch, fold_codes
 from runwatch.detect.monitor import Monitor
 from runwatch.model import LABEL_KEYS, Anomaly, Event
 
@@ -31,8 +32,6 @@ def _label_value(v):
 def _batch(mon: Monitor, points: ReplayInput, progress: Callable[[int], None] | None) -> bool:
     """Feed ``points`` into a fresh ``mon`` by the batch path; False if it cannot (then
     nothing was fed and the caller streams instead)."""
-    from runwatch.detect.batch import feed_batch
-
     if mon._series or len(mon._anomalies):
         return False
     found = feed_batch(
@@ -92,11 +91,11 @@ def replay_input(points: pd.DataFrame) -> ReplayInput:
     in_order = n < 2 or bool(np.all(steps[1:] >= steps[:-1]))
     order = None if in_order else np.argsort(steps, kind="stable")
     label_cols = [k for k in LABEL_KEYS if k in points.columns and not points[k].isna().all()]
-    metric, series = _objects(points["metric"], order)
-    labels = {}
+    metric, metric_codes = _objects(points["metric"], order)
+    labels, label_codes = {}, []
     for k in label_cols:
         labels[k], codes = _objects(points[k], order)
-        series = pd.factorize(series * (int(codes.max()) + 1) + codes)[0]  # < n: no overflow
+        label_codes.append(codes)
     return ReplayInput(
         metric=metric,
         labels=labels,
@@ -107,7 +106,7 @@ def replay_input(points: pd.DataFrame) -> ReplayInput:
             if "time" in points.columns
             else np.full(n, np.nan)
         ),
-        series=series,
+        series=fold_codes([metric_codes, *label_codes]),
     )
 
 
