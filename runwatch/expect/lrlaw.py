@@ -18,7 +18,14 @@ import numpy as np
 from scipy.signal import lfilter
 
 from runwatch.expect._lm import cost_at, solve
-from runwatch.expect.powerlaw import MIN_POINTS, TooLittleData, finite_points, median
+from runwatch.expect.powerlaw import (
+    ALPHA_GRID,
+    MIN_POINTS,
+    TooLittleData,
+    finite_points,
+    residual_sigma,
+    soft_l1_scale,
+)
 
 DECAY = 0.999
 """λ, the momentum of the annealing term (the paper's default)."""
@@ -108,7 +115,7 @@ def fit_area_law(
     the best point of a grid over α where E, A and C, being linear, are solved by least
     squares, and ``start`` (a previous fit: a refit as the run goes) when given.
     ``scipy.optimize.least_squares`` took ~4 ms a fit, this ~0.5 ms, and ends at a soft-L1
-    cost no higher on the real and synthetic schedules (``tests/expect/test_lrclock.py``).
+    cost no higher on the real and synthetic schedules (``tests/expect/test_lrlaw.py``).
     """
     a1 = np.asarray(s1, dtype=float)
     a2 = np.asarray(s2, dtype=float)
@@ -124,7 +131,7 @@ def fit_area_law(
     top = float(a1.max())
     a1n = a1 / top
     sw = np.sqrt(w)
-    f_scale = max(float(1.0484 * median(np.abs(np.diff(y)))), 1e-3 * span, 1e-12)
+    f_scale = soft_l1_scale(y, span)
     s2max = float(np.abs(a2).max())
     # Without an anneal in the data (S2 all zero) C cannot be told apart: it is held at 0.
     a2n = a2 / s2max if s2max > 0 else a2
@@ -141,7 +148,7 @@ def fit_area_law(
     p0 = starts[int(np.argmin(costs))]
     (e, a, alpha, c), _ = solve(a1n, y, sws, p0, lo, hi, f2, zs=a2n)
     res = e + a * np.power(a1n, -alpha) - c * a2n - y
-    sigma = float(1.4826 * median(np.abs(res - median(res))))
+    sigma = residual_sigma(res)
     return AreaLaw(e, a * top**alpha, alpha, c / s2max if s2max > 0 else 0.0, sigma, int(y.size))
 
 
@@ -162,9 +169,6 @@ def fit_lr_law(
     return LRLaw(law.E, law.A, law.alpha, law.C, law.sigma, law.n, s1, s2)
 
 
-_ALPHAS = np.geomspace(0.03, 2.5, 36)
-
-
 def _grid_start(
     x: np.ndarray, z: np.ndarray, y: np.ndarray, w: np.ndarray, lo: list[float], hi: list[float]
 ) -> list[float]:
@@ -172,7 +176,7 @@ def _grid_start(
     C, solved by weighted least squares (one pseudo-inverse for the whole grid) and
     clipped into the bounds."""
     sw = np.sqrt(w)
-    b = np.power(x[None, :], -_ALPHAS[:, None])  # one row per alpha
+    b = np.power(x[None, :], -ALPHA_GRID[:, None])  # one row per alpha
     cols = [np.broadcast_to(sw, b.shape), b * sw]
     if hi[3] > lo[3]:
         cols.append(np.broadcast_to(-z * sw, b.shape))
@@ -182,4 +186,4 @@ def _grid_start(
     c = np.clip(coef[:, 2], lo[3], hi[3]) if coef.shape[1] == 3 else np.zeros_like(e)
     cost = (w * (e[:, None] + a[:, None] * b - c[:, None] * z - y) ** 2).sum(axis=1)
     k = int(np.argmin(cost))
-    return [float(e[k]), float(a[k]), float(_ALPHAS[k]), float(c[k])]
+    return [float(e[k]), float(a[k]), float(ALPHA_GRID[k]), float(c[k])]

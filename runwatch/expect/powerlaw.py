@@ -55,10 +55,23 @@ def median(x: np.ndarray) -> float:
     return s[m] if n % 2 else (s[m - 1] + s[m]) / 2.0
 
 
-def _robust_sigma(y: np.ndarray) -> float:
+def noise_sigma(y: np.ndarray) -> float:
+    """The robust noise scale of a curve: the median absolute first difference, scaled to
+    a sigma (first differences do not carry the curve's fall)."""
     if y.size < 3:
         return 0.0
     return float(1.0484 * median(np.abs(np.diff(y))))
+
+
+def soft_l1_scale(y: np.ndarray, span: float) -> float:
+    """The soft-L1 loss's scale for a fit of ``y`` (``span``: its max - min): residuals
+    beyond the curve's own noise count less; never zero, even on a noiseless curve."""
+    return max(noise_sigma(y), 1e-3 * span, 1e-12)
+
+
+def residual_sigma(res: np.ndarray) -> float:
+    """The robust sigma of a fit's residuals (1.4826 times their MAD), its band's width."""
+    return float(1.4826 * median(np.abs(res - median(res))))
 
 
 def finite_points(steps, values, weights=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -98,16 +111,14 @@ def fit_power_law(
     xs = np.maximum(x, 0.0) / xmax
     ymin, ymax = float(y.min()), float(y.max())
     span = ymax - ymin
-    sig = _robust_sigma(y)
     if span <= 1e-12 * max(1.0, abs(ymax)):
         return PowerLaw(ymin, 0.0, 1.0, 1.0, 0.0, int(x.size))
-    f_scale = max(sig, 1e-3 * span, 1e-12)
+    f_scale = soft_l1_scale(y, span)
     e_low = 0.0 if ymin > 0 else ymin - 10.0 * span
     lo = np.array([e_low, 0.0, 0.02, 1e-6])
     hi = np.array([ymin, np.inf, 3.0, 1.0])
     # Unit weights (the detectors' fits) are left out: multiplying by 1.0 changes nothing.
     unit = bool((w == 1.0).all())
-    xc, yc = np.ascontiguousarray(xs), np.ascontiguousarray(y)
     sws = None if unit else np.sqrt(w)
     starts = [_grid_start(xs, y, w, lo, hi)]
     if start is not None and start.A > 0:
@@ -119,23 +130,24 @@ def fit_power_law(
     # One local solve, from whichever start fits better already: on the real runs' refits,
     # solving from both starts as well lowered the cost by at most 2e-4 relative (once;
     # median 0), at twice the cost.
-    first = [cost_at(xc, yc, sws, p.tolist(), f2) for p in starts]
+    first = [cost_at(xs, y, sws, p.tolist(), f2) for p in starts]
     p0 = starts[int(np.argmin(first))]
-    best, best_cost = solve(xc, yc, sws, p0.tolist(), lo.tolist(), hi.tolist(), f2)
+    best, best_cost = solve(xs, y, sws, p0.tolist(), lo.tolist(), hi.tolist(), f2)
     if not math.isfinite(best_cost):  # pragma: no cover - defensive
         raise TooLittleData(int(x.size), MIN_POINTS, "usable points")
     e, a_s, alpha, s0s = best
     res = y - (e + a_s * np.power(xs + s0s, -alpha))
-    sigma = float(1.4826 * median(np.abs(res - median(res))))
+    sigma = residual_sigma(res)
     # Back to raw steps: A·(x/xmax + s0')^-α = A·xmax^α·(x + s0'·xmax)^-α.
     return PowerLaw(e, a_s * xmax**alpha, alpha, s0s * xmax, sigma, int(x.size))
 
 
-_ALPHAS = np.geomspace(0.03, 2.5, 36)
+ALPHA_GRID = np.geomspace(0.03, 2.5, 36)
+"""The exponents α the fits' grid starts try (the power law's and the LR-area law's)."""
 _S0S = np.geomspace(1e-4, 0.9, 12)
-_GRID_ALPHA = np.repeat(_ALPHAS, _S0S.size)[:, None]
+_GRID_ALPHA = np.repeat(ALPHA_GRID, _S0S.size)[:, None]
 _GRID_NEG_ALPHA = -_GRID_ALPHA
-_GRID_S0 = np.tile(_S0S, _ALPHAS.size)[:, None]
+_GRID_S0 = np.tile(_S0S, ALPHA_GRID.size)[:, None]
 
 
 def _grid_start(xs: np.ndarray, y: np.ndarray, w: np.ndarray, lo, hi) -> np.ndarray:

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from runwatch.expect.binning import bin_arrays
-from runwatch.expect.powerlaw import MIN_POINTS, TooLittleData
+from runwatch.expect.powerlaw import MIN_POINTS, TooLittleData, residual_sigma
 
 
 class ReferenceCurve:
@@ -36,7 +36,7 @@ class ReferenceCurve:
         self.offset = offset
         res = np.asarray(values, float) - self.predict(np.asarray(steps, float))
         res = res[np.isfinite(res)]
-        self.sigma = float(1.4826 * np.median(np.abs(res - np.median(res)))) if res.size else 0.0
+        self.sigma = residual_sigma(res) if res.size else 0.0
 
     @classmethod
     def from_frame(cls, frame: pd.DataFrame, metric: str, **kw) -> ReferenceCurve:

@@ -10,11 +10,11 @@ from scipy.optimize import least_squares
 
 from runwatch.expect import PowerLaw, bin_arrays, fit_power_law
 from runwatch.expect._lm import cost_at, solve
-from runwatch.expect.powerlaw import _robust_sigma, median
+from runwatch.expect.powerlaw import median, noise_sigma
 
 
 def _soft_l1_cost(law: PowerLaw, s: np.ndarray, y: np.ndarray) -> float:
-    f = max(_robust_sigma(y), 1e-3 * float(y.max() - y.min()), 1e-12)
+    f = max(noise_sigma(y), 1e-3 * float(y.max() - y.min()), 1e-12)
     r = law.predict(s) - y
     return float(f * f * np.sum(np.sqrt(1.0 + (r / f) ** 2) - 1.0))
 
@@ -23,7 +23,7 @@ def _scipy_fit(s: np.ndarray, y: np.ndarray, start: PowerLaw) -> PowerLaw:
     """The same problem through scipy's trust-region solver, from the same start."""
     xmax = float(s.max())
     xs = s / xmax
-    f = max(_robust_sigma(y), 1e-3 * float(y.max() - y.min()), 1e-12)
+    f = max(noise_sigma(y), 1e-3 * float(y.max() - y.min()), 1e-12)
     lo = [0.0, 0.0, 0.02, 1e-6]
     hi = [float(y.min()), np.inf, 3.0, 1.0]
     p0 = np.clip(
