@@ -253,8 +253,7 @@ class Stall(LRAware, Detector):
                 return out + [(i + k, s) for k, s in rest]
             i, flags = done
             for j, long, mean_a, mean_b, d_exp, d_obs, w in flags:
-                span = "the last octave" if long else f"the last {w} points"
-                out.append((j, self._signal(values[j], mean_a, mean_b, d_exp, d_obs, w, span)))
+                out.append((j, self._signal(values[j], mean_a, mean_b, d_exp, d_obs, w, long)))
             if i < len(values):  # log space ends, or the LR arrives: update starts afresh
                 s1_i = None if s1 is None or s1[i] != s1[i] else float(s1[i])
                 sig = guarded(
@@ -309,7 +308,7 @@ class Stall(LRAware, Detector):
             return None
         if lt.over == self.patience:
             self._stalls += 1
-        return self._signal(value, mean_a, mean_b, d_exp, d_obs, int(nb), "the last octave")
+        return self._signal(value, mean_a, mean_b, d_exp, d_obs, int(nb), True)
 
     def _new_octave(self, k: int) -> None:
         """The octave test moves to bin ``k``: the sums of its two halves, and the
@@ -411,7 +410,7 @@ class Stall(LRAware, Detector):
             self._bins.clear()
             self._slope_cache, self._slope_age = None, 0
             self._over = self._flagged = 0
-        return self._signal(value, mean_a, mean_b, d_exp, d_obs, w, f"the last {w} points")
+        return self._signal(value, mean_a, mean_b, d_exp, d_obs, w, False)
 
     def _signal(
         self,
@@ -421,8 +420,11 @@ class Stall(LRAware, Detector):
         d_exp: float,
         d_obs: float,
         w: int,
-        span: str,
+        long: bool,
     ) -> Signal:
+        """A stall's signal: the fall over the last ``w`` points, or over the last octave
+        (``long``: the octave test flagged it)."""
+        span = "the last octave" if long else f"the last {w} points"
         x0 = self._x0
         now = mean_b + x0
         exp_now = mean_a + x0 - d_exp
