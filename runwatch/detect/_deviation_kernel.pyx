@@ -24,12 +24,12 @@ from libc.stdlib cimport free, malloc
 
 from runwatch._pyfloat cimport py_max, stable_sort
 
-from runwatch.detect.base import NOISE_RATE
+from runwatch.detect.base import NOISE_KEEP, NOISE_RATE
 from runwatch.expect.powerlaw import PowerLaw
 
 cdef double PY_NAN = math.nan  # the bits of math.nan, which update assigns
 cdef double RATE = NOISE_RATE
-cdef double KEEP = 1.0 - NOISE_RATE  # base._NOISE_KEEP, formed alike
+cdef double KEEP = NOISE_KEEP
 cdef long long LIM = (<long long> 1) << 53, LIM2 = (<long long> 1) << 62
 
 cdef enum:

@@ -16,9 +16,9 @@ from libc.math cimport INFINITY, NAN, fabs, isfinite, log
 from libc.stdlib cimport free, malloc
 from libc.string cimport memmove
 
-from runwatch.detect.base import _NOISE_KEEP, NOISE_RATE
+from runwatch.detect.base import NOISE_KEEP, NOISE_RATE
 
-cdef double noise_rate = NOISE_RATE, noise_keep = _NOISE_KEEP  # base.noise_step's weights
+cdef double noise_rate = NOISE_RATE, noise_keep = NOISE_KEEP  # base.noise_step's weights
 
 
 cdef inline Py_ssize_t _bound(const double* a, Py_ssize_t n, double v, bint upper) noexcept nogil:

@@ -322,7 +322,8 @@ def robust_scale(values: list[float]) -> float:
 
 NOISE_RATE = 0.01
 """How fast the smoothers' noise EMA follows the absolute first difference."""
-_NOISE_KEEP = 1.0 - NOISE_RATE
+NOISE_KEEP = 1.0 - NOISE_RATE
+"""The noise EMA's weight on its current value (the compiled kernels take both from here)."""
 
 
 def ema_step(e: float, x: float, alpha: float, beta: float) -> float:
@@ -339,4 +340,4 @@ def noise_step(a: float, d: float) -> float:
     if a != a:
         return d
     t = 5.0 * a + 1e-12
-    return ema_step(a, t if t < d else d, NOISE_RATE, _NOISE_KEEP)
+    return ema_step(a, t if t < d else d, NOISE_RATE, NOISE_KEEP)

@@ -316,7 +316,7 @@ class CurveDeviation(LRAware, Detector):
             if self._over < self.patience:
                 return None
             self._flagged += 1
-            sig = self._signal("warning", step, value, ema, exp_v, half, "above", self._over)
+            sig = self._signal(step, value, ema, exp_v, half, "above", self._over)
             if self._flagged >= self.adapt_after and self._reference is None:
                 self._start_afresh()
                 self._over = self._flagged = 0
@@ -330,7 +330,7 @@ class CurveDeviation(LRAware, Detector):
         if ema < exp_v - half and not new_anneal:
             self._under += 1
             if self._under >= self.patience:
-                return self._signal("info", step, value, ema, exp_v, half, "below", self._under)
+                return self._signal(step, value, ema, exp_v, half, "below", self._under)
         else:
             self._under = 0
         return None
@@ -410,9 +410,8 @@ class CurveDeviation(LRAware, Detector):
             _, _, ema, s_then, e_then, d_exp, d_obs = ev
             return self._stall_signal(step, ema, s_then, e_then, d_exp, d_obs)
         _, kind, count, ema, exp_v, half = ev
-        if kind == ABOVE:
-            return self._signal("warning", step, value, ema, exp_v, half, "above", count)
-        return self._signal("info", step, value, ema, exp_v, half, "below", count)
+        side = "above" if kind == ABOVE else "below"
+        return self._signal(step, value, ema, exp_v, half, side, count)
 
     def _loop(
         self,
@@ -505,7 +504,6 @@ class CurveDeviation(LRAware, Detector):
 
     def _signal(
         self,
-        sev: str,
         step: int,
         value: float,
         ema: float,
@@ -514,7 +512,9 @@ class CurveDeviation(LRAware, Detector):
         side: str,
         count: int,
     ) -> Signal:
-        """An above- or below-the-band signal; ``count``: points in a row on that side."""
+        """An above-the-band warning or below-the-band info; ``count``: points in a row on
+        that side."""
+        sev = "warning" if side == "above" else "info"
         rel = (ema - exp_v) / abs(exp_v) if exp_v else math.inf
         score = abs(ema - exp_v) / half if half > 0 else 1000.0
         what = "worse" if side == "above" else "better"
