@@ -6,10 +6,12 @@ the floats its Python definition gives, so each reproduces the same few things: 
 two-argument ``max``/``min`` (the first argument unless the second is strictly greater /
 smaller: NaN never is), ``sorted`` on a few values (stable: equal values, 0.0 and -0.0
 among them, keep their order), and sorted windows kept up to date as values come and go
-(a median or an order statistic is one of the values, whatever sorted them). Inline
+(a median or an order statistic is one of the values; ``Window`` keeps even the order of
+equal values that ``sorted`` gives). Inline
 functions: each kernel compiles its own copy, with no call between modules.
 """
 
+from libc.math cimport NAN
 from libc.string cimport memmove
 
 
@@ -73,3 +75,60 @@ cdef inline void replace_sorted(double* a, Py_ssize_t n, double old, double v) n
     else:
         memmove(a + j + 1, a + j, (i - j) * sizeof(double))
         a[j] = v
+
+
+cdef inline Py_ssize_t upper_bound(const double* a, Py_ssize_t n, double v) noexcept nogil:
+    """The first index of the sorted ``a[:n]`` whose value is above ``v`` (branch-free)."""
+    cdef const double* base = a
+    cdef Py_ssize_t half
+    if n == 0:
+        return 0
+    while n > 1:
+        half = n >> 1
+        base += half * (base[half - 1] <= v)
+        n -= half
+    return (base - a) + (base[0] <= v)
+
+
+cdef struct Window:
+    double* ring       # the last ``cap`` values in arrival order: ring[(head + i) % cap]
+    double* srt        # the same values as ``sorted`` orders them (equals by arrival)
+    Py_ssize_t cap, head, n
+
+
+cdef inline double window_push(Window* w, double v) noexcept nogil:
+    """Append ``v`` (finite), dropping the oldest value if the window is full; return the
+    dropped value (NaN: none). ``srt`` stays what ``sorted`` makes of the window: the
+    dropped value is the oldest of its equals, ``v`` the newest of its (0.0 and -0.0 are
+    equal but not the same float)."""
+    cdef double old = NAN
+    cdef Py_ssize_t i
+    if w.n == w.cap:
+        old = w.ring[w.head]
+        w.ring[w.head] = v
+        w.head = w.head + 1 if w.head + 1 < w.cap else 0
+        i = lower_bound(w.srt, w.n, old)
+        memmove(w.srt + i, w.srt + i + 1, (w.n - i - 1) * sizeof(double))
+        w.n -= 1
+    else:
+        i = w.head + w.n
+        w.ring[i - w.cap if i >= w.cap else i] = v
+    i = upper_bound(w.srt, w.n, v)
+    memmove(w.srt + i + 1, w.srt + i, (w.n - i) * sizeof(double))
+    w.srt[i] = v
+    w.n += 1
+    return old
+
+
+cdef inline void window_unpush(Window* w, double v, double old) noexcept nogil:
+    """Undo ``window_push(w, v)``, which returned ``old``."""
+    cdef Py_ssize_t i = upper_bound(w.srt, w.n, v) - 1  # v: the newest of its equals
+    memmove(w.srt + i, w.srt + i + 1, (w.n - i - 1) * sizeof(double))
+    w.n -= 1
+    if old == old:
+        w.head = (w.head if w.head else w.cap) - 1
+        w.ring[w.head] = old
+        i = lower_bound(w.srt, w.n, old)  # back as the oldest of its equals
+        memmove(w.srt + i + 1, w.srt + i, (w.n - i) * sizeof(double))
+        w.srt[i] = old
+        w.n += 1

@@ -12,68 +12,14 @@ The running-median window is kept sorted as points come and go, equal values in 
 order as ``sorted`` leaves them (0.0 and -0.0 are equal but not the same float).
 """
 
-from libc.math cimport INFINITY, NAN, fabs, isfinite, log
+from libc.math cimport INFINITY, fabs, isfinite, log
 from libc.stdlib cimport free, malloc
 from libc.string cimport memmove
 
+from runwatch._pyfloat cimport Window, window_push, window_unpush
 from runwatch.detect.base import NOISE_KEEP, NOISE_RATE
 
 cdef double noise_rate = NOISE_RATE, noise_keep = NOISE_KEEP  # base.noise_step's weights
-
-
-cdef inline Py_ssize_t _bound(const double* a, Py_ssize_t n, double v, bint upper) noexcept nogil:
-    """The first index of the sorted ``a[:n]`` whose value is above ``v`` (``upper``)
-    or not below it."""
-    cdef Py_ssize_t lo = 0, hi = n, mid
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if (a[mid] <= v) if upper else (a[mid] < v):
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-cdef struct Window:
-    double* ring       # the values in arrival order: ring[(head + i) % cap], i < n
-    double* srt        # the same values, sorted (stably)
-    Py_ssize_t cap, head, n
-
-
-cdef inline double _push(Window* w, double v) noexcept nogil:
-    """Append ``v``, dropping the oldest value if the window is full; return the dropped
-    value (NaN: none)."""
-    cdef double old = NAN
-    cdef Py_ssize_t i
-    if w.n == w.cap:
-        old = w.ring[w.head]
-        w.ring[w.head] = v
-        w.head = w.head + 1 if w.head + 1 < w.cap else 0
-        i = _bound(w.srt, w.n, old, False)  # the oldest of its equals: the first
-        memmove(w.srt + i, w.srt + i + 1, (w.n - i - 1) * sizeof(double))
-        w.n -= 1
-    else:
-        i = w.head + w.n
-        w.ring[i - w.cap if i >= w.cap else i] = v
-    i = _bound(w.srt, w.n, v, True)  # the newest of its equals: the last
-    memmove(w.srt + i + 1, w.srt + i, (w.n - i) * sizeof(double))
-    w.srt[i] = v
-    w.n += 1
-    return old
-
-
-cdef inline void _unpush(Window* w, double v, double old) noexcept nogil:
-    """Undo ``_push(w, v)``, which returned ``old``."""
-    cdef Py_ssize_t i = _bound(w.srt, w.n, v, True) - 1  # v: the last of its equals
-    memmove(w.srt + i, w.srt + i + 1, (w.n - i - 1) * sizeof(double))
-    w.n -= 1
-    if old == old:
-        w.head = (w.head if w.head else w.cap) - 1
-        w.ring[w.head] = old
-        i = _bound(w.srt, w.n, old, False)  # back as the oldest of its equals
-        memmove(w.srt + i + 1, w.srt + i, (w.n - i) * sizeof(double))
-        w.srt[i] = old
-        w.n += 1
 
 
 cdef inline double _py_min_of(const double* a, Py_ssize_t n) noexcept nogil:
@@ -111,7 +57,7 @@ def quiet(object det, const double[::1] values, Py_ssize_t start) -> int:
     blocks = rec.srt + rec.cap
     try:
         for x in det._recent:
-            _push(&rec, x)
+            window_push(&rec, x)
         for x in det._blocks:
             blocks[nb] = x
             nb += 1
@@ -138,7 +84,7 @@ def quiet(object det, const double[::1] values, Py_ssize_t start) -> int:
                 else:
                     t = 5.0 * absdiff + 1e-12
                     ad = noise_rate * (t if t < d else d) + noise_keep * absdiff
-                old = _push(&rec, x)
+                old = window_push(&rec, x)
                 e = alpha * rec.srt[rec.n // 2] + beta * ema  # base.ema_step
                 if cnt + 1 > warmup:
                     if not nb:
@@ -164,7 +110,7 @@ def quiet(object det, const double[::1] values, Py_ssize_t start) -> int:
                     elif over + 1 < patience:
                         over += 1  # rising, not yet for long enough: no signal
                     else:
-                        _unpush(&rec, x, old)
+                        window_unpush(&rec, x, old)
                         break  # flagged
                 cnt += 1
                 prev, absdiff, ema = x, ad, e

@@ -13,49 +13,10 @@ median, or an order statistic of the deviations from it, is one of the values wh
 sorted them (the values are finite: no NaN to order).
 """
 
-from libc.math cimport INFINITY, NAN, exp, fabs, isfinite, log
+from libc.math cimport INFINITY, exp, fabs, isfinite, log
 from libc.stdlib cimport free, malloc
 
-from runwatch._pyfloat cimport (
-    insert_sorted, lower_bound, py_max, py_min, remove_sorted, replace_sorted,
-)
-
-
-cdef struct Window:
-    double* ring       # the values in arrival order: ring[(head + i) % cap], i < n
-    double* srt        # the same values, sorted
-    Py_ssize_t cap, head, n
-
-
-cdef inline double _push(Window* w, double v) noexcept nogil:
-    """Append ``v``, dropping the oldest value if the window is full; return the dropped
-    value (NaN: none)."""
-    cdef double old = NAN
-    cdef Py_ssize_t t
-    if w.n == w.cap:
-        old = w.ring[w.head]
-        replace_sorted(w.srt, w.n, old, v)
-        w.ring[w.head] = v
-        w.head += 1
-        if w.head == w.cap:
-            w.head = 0
-    else:
-        t = w.head + w.n
-        w.ring[t - w.cap if t >= w.cap else t] = v
-        insert_sorted(w.srt, w.n, v)
-        w.n += 1
-    return old
-
-
-cdef inline void _unpush(Window* w, double v, double old) noexcept nogil:
-    """Undo ``_push(w, v)``, which returned ``old``."""
-    if old == old:
-        w.head = (w.head if w.head else w.cap) - 1
-        w.ring[w.head] = old
-        replace_sorted(w.srt, w.n, v, old)
-    else:
-        w.n -= 1
-        remove_sorted(w.srt, w.n + 1, v)
+from runwatch._pyfloat cimport Window, lower_bound, py_max, py_min, window_push, window_unpush
 
 
 cdef inline void _take(double x, double* top, double* second) noexcept nogil:
@@ -105,7 +66,7 @@ cdef void _fill(Window* w, list values):
     """Set the window to ``values`` (oldest first)."""
     w.head = w.n = 0
     for v in values:
-        _push(w, <double>v)
+        window_push(w, <double>v)
 
 
 cdef list _values(const Window* w):
@@ -174,13 +135,13 @@ cdef class Quiet:
                 if buf.n >= min_points:
                     if scale == 0.0:
                         break  # update raises (a zero scale: min_scale 0, no spread)
-                    old = _push(rec, d)
+                    old = window_push(rec, d)
                     z = (d - center) / scale
                     zc = py_min(py_max(z, -clip), clip)
                     cus = py_max(0.0, cusum + zc - k)
                     grown = exp(rec.srt[rec.n // 2] - center)  # change = grown - 1.0
                     if grown == INFINITY or not (cus <= h or grown - 1.0 < min_change):
-                        _unpush(rec, d, old)
+                        window_unpush(rec, d, old)
                         break  # flagged (or an overflow update raises on)
                     cusum = cus
                     flagged = False
@@ -188,9 +149,9 @@ cdef class Quiet:
                         i += 1
                         continue  # an outlier: not learned
                 else:
-                    _push(rec, d)
+                    window_push(rec, d)
                 # Regression._learn
-                _push(buf, d)
+                window_push(buf, d)
                 learned = True
                 since += 1
                 if since >= 8 or buf.n <= min_points:
