@@ -39,9 +39,9 @@ sys.path.insert(0, str(ROOT))
 
 from runwatch.collectors.nvml import NvmlCollector  # noqa: E402
 from runwatch.collectors.recorded_nvml import RecordedNvml  # noqa: E402
-from runwatch.detect.fleet_hangs import HangDetector  # noqa: E402
-from runwatch.detect.fleet_hardware import HardwareMonitor  # noqa: E402
-from runwatch.detect.fleet_stragglers import StragglerDetector  # noqa: E402
+from runwatch.detect.fleet.hangs import HangDetector  # noqa: E402
+from runwatch.detect.fleet.hardware import HardwareMonitor  # noqa: E402
+from runwatch.detect.fleet.stragglers import StragglerDetector  # noqa: E402
 
 WINDOW = 50
 

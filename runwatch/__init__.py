@@ -10,10 +10,20 @@
 
 from typing import Any
 
-from runwatch.hook.run import Run, current_run, init
+from runwatch.hook.run import Run, current_run, init, use_extras
 from runwatch.store import open_store
 
 __version__ = "0.1.0"
+
+
+def _attach(**options: Any) -> Any:
+    # Detection and alerting sit above the hook: imported when a run starts, not here.
+    from runwatch.attach import attach
+
+    return attach(**options)
+
+
+use_extras(_attach)
 
 
 def log(data: dict[str, Any], step: int | None = None) -> None:

@@ -17,8 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from runwatch.cli_analysis import plain
-from runwatch.model import SEVERITIES
+from runwatch.model import SEVERITIES, json_plain
 from runwatch.store import DEFAULT_STORE, StoreError
 
 EXIT_OK, EXIT_ANOMALIES, EXIT_USAGE = 0, 1, 2
@@ -293,7 +292,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         runs = store.runs()
     if args.format == "json":
         for rec in runs.drop(columns=["config"]).to_dict(orient="records"):
-            print(json.dumps({k: plain(v) for k, v in rec.items()}))
+            print(json.dumps({k: json_plain(v) for k, v in rec.items()}))
         return EXIT_OK
     if runs.empty:
         print(f"no runs in {args.db}")

@@ -13,22 +13,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from runwatch.model import Anomaly, severity_rank
+from runwatch.model import Anomaly, json_plain, severity_rank
 
 EXIT_OK, EXIT_ANOMALIES = 0, 1
 
 
 class RolesError(ValueError):
     """``--roles`` was not a JSON object of metric -> role."""
-
-
-def plain(value: Any) -> Any:
-    """A JSON-safe value: NaN becomes null, NumPy scalars plain numbers."""
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and value != value:
-        return None
-    return value
 
 
 def parse_roles(text: str | None) -> dict[str, str] | None:
@@ -50,7 +41,7 @@ def check_reference(args: argparse.Namespace) -> None:
 
 
 def cmd_analyze(args: argparse.Namespace, store: Any) -> int:
-    from runwatch.analysis import analyze_run
+    from runwatch.pipeline.analysis import analyze_run
 
     check_reference(args)
     roles = parse_roles(args.roles)
@@ -61,7 +52,7 @@ def cmd_analyze(args: argparse.Namespace, store: Any) -> int:
         ).anomalies
     if args.format == "json":
         for anomaly in episodes:
-            print(json.dumps({k: plain(v) for k, v in anomaly.to_json_dict(args.run).items()}))
+            print(json.dumps({k: json_plain(v) for k, v in anomaly.to_json_dict(args.run).items()}))
     elif not episodes:
         print(f"run {args.run!r}: no anomalies")
     else:
@@ -103,7 +94,7 @@ def anomaly_table(episodes: Sequence[Anomaly]) -> str:
 
 
 def cmd_forecast(args: argparse.Namespace, store: Any) -> int:
-    from runwatch.analysis import default_loss_metric, forecast_json, forecast_run
+    from runwatch.pipeline.analysis import default_loss_metric, forecast_json, forecast_run
 
     store.run_id(args.run)
     metric = args.metric or default_loss_metric(store, args.run)
@@ -122,7 +113,7 @@ def cmd_forecast(args: argparse.Namespace, store: Any) -> int:
         args.run, metric, result, target=args.target, reference=args.reference, align=args.align
     )
     if args.format == "json":
-        print(json.dumps({k: plain(v) for k, v in payload.items()}))
+        print(json.dumps({k: json_plain(v) for k, v in payload.items()}))
         return EXIT_OK
     eta = result.eta_seconds
     eta_text = "unknown (no wall times)" if eta is None else duration(eta)

@@ -7,8 +7,13 @@ field renamed here is renamed everywhere.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
 """Anomaly severities, lowest first; the index is the rank used by ``--fail-on``."""
@@ -33,6 +38,56 @@ RUN_STATUSES: tuple[str, ...] = ("running", "finished", "crashed", "stalled")
 
 LABEL_KEYS: tuple[str, ...] = ("rank", "host", "gpu")
 """Series labels, as in Prometheus; a series is a metric name plus these."""
+
+LR_METRICS: tuple[str, ...] = ("lr", "learning_rate")
+"""The names a run's learning rate is read from when nothing says otherwise, first wins."""
+
+
+def label_value(value: Any) -> Any:
+    """A label value as series are keyed and stored: None for a missing one (None, NaN,
+    ``pd.NA``), a plain int for an integral number (``3.0`` from a CSV column with gaps, a
+    NumPy integer), anything else as it is.
+
+    >>> [label_value(v) for v in (None, float("nan"), 3.0, 2, "h1")]
+    [None, None, 3, 2, 'h1']
+    """
+    if value is None or type(value).__name__ == "NAType":
+        return None
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()  # a NumPy scalar
+    if isinstance(value, float):
+        if math.isnan(value):
+            return None
+        if value.is_integer():
+            return int(value)
+    return value
+
+
+def json_plain(value: Any) -> Any:
+    """A JSON-safe scalar: NumPy scalars as plain numbers, NaN (a missing cell) as None.
+
+    >>> json_plain(float("nan")), json_plain(2.5)
+    (None, 2.5)
+    """
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+class SeriesPoints(NamedTuple):
+    """One series' points in a batch, in log order."""
+
+    metric: str
+    labels: dict[str, Any]
+    steps: np.ndarray  # int64
+    times: np.ndarray  # float64 Unix seconds (NaN when unknown)
+    values: np.ndarray  # float64, NaN/Inf as logged
+
+
+SeriesBatch = Sequence[SeriesPoints]
+"""A flush from the hook's writer: every series that got points, each once."""
 
 
 def severity_rank(severity: str) -> int:

@@ -38,7 +38,6 @@ from prometheus_client.registry import Collector
 
 from runwatch.model import LABEL_KEYS
 from runwatch.store import Store
-from runwatch.store.codec import decode_block
 
 log = logging.getLogger("runwatch.alerting")
 
@@ -89,24 +88,7 @@ class StoreCollector(Collector):
 
     def _read(self) -> list[Metric]:
         store = self._open()
-        conn = store._conn
-        with store._lock:
-            runs = conn.execute(
-                "SELECT id, name, COALESCE(project, ''), status, last_step, last_time, end_time "
-                "FROM runs"
-            ).fetchall()
-            open_rows = conn.execute(
-                "SELECT r.name, a.severity, a.detector, COUNT(*) FROM anomalies a "
-                "JOIN runs r ON r.id = a.run_id WHERE a.is_open = 1 AND a.source = 'live' "
-                "GROUP BY r.name, a.severity, a.detector"
-            ).fetchall()
-            drop_rows = conn.execute(
-                "SELECT r.name, d.reason, d.count FROM drops d JOIN runs r ON r.id = d.run_id"
-            ).fetchall()
-            attempts = conn.execute(
-                "SELECT o.channel, t.ok, COUNT(*) FROM alert_attempts t "
-                "JOIN alert_outbox o ON o.id = t.outbox_id GROUP BY o.channel, t.ok"
-            ).fetchall()
+        runs, open_rows, drop_rows, attempts = store.status_snapshot()
         wall = time.time()
         recent = [r for r in runs if r[3] == "running" or (r[6] or wall) >= wall - self._recent]
         out: list[Metric] = []
@@ -162,30 +144,10 @@ class StoreCollector(Collector):
         if not runs:
             return gauge
         by_id = {r[0]: (r[1], r[2]) for r in runs}
-        marks = ",".join("?" * len(by_id))
-        import json
-
-        with store._lock:
-            rows = store._conn.execute(
-                f"""SELECT s.run_id, s.metric, s.labels, b.data FROM series s
-                JOIN (SELECT series_id, data, ROW_NUMBER() OVER (PARTITION BY series_id
-                      ORDER BY attempt DESC, max_step DESC, id DESC) AS rn FROM point_blocks
-                      WHERE series_id IN (SELECT id FROM series WHERE run_id IN ({marks})))
-                  b ON b.series_id = s.id AND b.rn = 1
-                LIMIT ?""",
-                (*by_id, self._max_series),
-            ).fetchall()
-        for run_id, metric, labels, blob in rows:
-            steps, _times, values = decode_block(blob)
-            if not len(steps):
-                continue
-            at = int(len(steps) - 1 - steps[::-1].argmax())  # last occurrence of the max step
-            parsed = json.loads(labels)
+        for run_id, metric, labels, value in store.latest_values(list(by_id), self._max_series):
             name, project = by_id[run_id]
-            label_values = [
-                str(parsed.get(k, "")) if parsed.get(k) is not None else "" for k in LABEL_KEYS
-            ]
-            gauge.add_metric([name, project, metric, *label_values], float(values[at]))
+            label_values = [str(labels[k]) if labels.get(k) is not None else "" for k in LABEL_KEYS]
+            gauge.add_metric([name, project, metric, *label_values], value)
         return gauge
 
     @staticmethod
@@ -231,8 +193,8 @@ class StoreCollector(Collector):
 
 def _etas(store: Store, run: str) -> dict[str, float]:
     """ETA per loss metric of ``run`` (none when there is too little data to fit)."""
-    from runwatch.analysis import forecast_run
     from runwatch.detect.roles import role_of
+    from runwatch.pipeline.analysis import forecast_run
 
     out: dict[str, float] = {}
     try:

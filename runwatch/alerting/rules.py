@@ -70,9 +70,9 @@ def known_detectors() -> tuple[str, ...]:
     """Detector names a route may name: the registry's, the Monitor's linked findings, and
     the fleet detectors' (stragglers, hangs, hardware)."""
     from runwatch.detect import DETECTORS
-    from runwatch.detect.fleet_hangs import HangDetector
-    from runwatch.detect.fleet_hardware import HardwareMonitor
-    from runwatch.detect.fleet_stragglers import StragglerDetector
+    from runwatch.detect.fleet.hangs import HangDetector
+    from runwatch.detect.fleet.hardware import HardwareMonitor
+    from runwatch.detect.fleet.stragglers import StragglerDetector
 
     fleet = (StragglerDetector.name, HangDetector.name, HardwareMonitor.name)
     return (*sorted(d.name for d in DETECTORS), "grad_norm_precursor", *fleet)

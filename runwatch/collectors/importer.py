@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from runwatch.collectors.longformat import LongFormatReader
-from runwatch.model import LABEL_KEYS
+from runwatch.model import LABEL_KEYS, label_value
 from runwatch.store import Store, StoreError
 
 log = logging.getLogger("runwatch.collectors.importer")
@@ -74,7 +74,7 @@ def _write_chunk(
     keys = ["run", "metric", *LABEL_KEYS]
     for key, group in chunk.groupby(keys, sort=False, dropna=False):
         name, metric = str(key[0]), str(key[1])
-        labels = {k: _label(v) for k, v in zip(LABEL_KEYS, key[2:], strict=True)}
+        labels = {k: label_value(v) for k, v in zip(LABEL_KEYS, key[2:], strict=True)}
         if name not in runs:
             runs[name] = _open_run(store, name, append)
         run_id, attempt = runs[name]
@@ -97,12 +97,3 @@ def _open_run(store: Store, name: str, append: bool) -> tuple[int, int]:
             "as a new attempt of it, or --run NAME to import under another name"
         )
     return store.start_run(name, resume=True if exists else None)
-
-
-def _label(value: object) -> object:
-    """A label value as stored: None for a missing one, plain int/str otherwise."""
-    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
-        return None
-    if isinstance(value, (np.integer, int)):
-        return int(value)
-    return value

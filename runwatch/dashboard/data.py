@@ -21,9 +21,13 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from runwatch.analysis import planned_final_step
 from runwatch.dashboard import shaping
+from runwatch.dashboard.charts_fleet import straggler_table
+from runwatch.detect.fleet.monitor import fleet_anomalies
 from runwatch.expect.forecast import FIT_FROM, eta_seconds, forecast
+from runwatch.model import LR_METRICS
+from runwatch.pipeline.analysis import planned_final_step
+from runwatch.pipeline.fleet import fleet_report
 from runwatch.store import Store, open_store
 
 log = logging.getLogger("runwatch.dashboard")
@@ -35,6 +39,8 @@ FORECAST_TTL = 15.0
 FORECAST_POINTS = MAX_POINTS
 """The fit reads what the loss panel draws (one cached read serves both)."""
 CURVE_SAMPLES = 300
+FLEET_TTL = 5.0
+"""The Fleet page replays its detectors on each read: a longer TTL than the live panels."""
 
 
 @st.cache_resource(show_spinner=False)
@@ -148,7 +154,7 @@ def loss_forecast(db: str, run: str, metric: str) -> dict[str, Any] | None:
     if stored is not None:
         return stored
     lr = None
-    for name in ("lr", "learning_rate"):
+    for name in LR_METRICS:
         lr = downsampled(db, run, name, None, None, FORECAST_POINTS)
         if len(lr):
             break
@@ -237,6 +243,39 @@ def save_verdict(db: str, anomaly_id: int, verdict: str, note: str, author: str 
     anomalies.clear()
     verdicts.clear()
     return vid
+
+
+@st.cache_data(ttl=FLEET_TTL, show_spinner=False)
+def per_rank_metrics(db: str, run: str) -> list[str]:
+    """Metrics logged by more than one rank: the ones a heatmap can compare."""
+    series = reader(db).series(run)
+    multi = series.dropna(subset=["rank"]).groupby("metric")["rank"].nunique()
+    return sorted(multi[multi > 1].index.tolist())
+
+
+@st.cache_data(ttl=FLEET_TTL, show_spinner=False)
+def rank_points(db: str, run: str, metric: str) -> pd.DataFrame:
+    pts = reader(db).read_points(run, [metric])
+    return pts.dropna(subset=["rank"])[["step", "rank", "host", "gpu", "value", "time"]]
+
+
+@st.cache_data(ttl=FLEET_TTL, show_spinner=False)
+def fleet_episodes(db: str, run: str, metrics: tuple[str, ...]) -> pd.DataFrame:
+    store = reader(db)
+    pts = store.read_points(run, list(metrics)) if metrics else store.read_points(run)
+    return straggler_table(fleet_anomalies(pts, store.events(run)))
+
+
+@st.cache_data(ttl=FLEET_TTL, show_spinner=False)
+def failures(db: str, run: str) -> dict | None:
+    store = reader(db)
+    try:
+        report = fleet_report(store, run)
+    except ValueError:
+        return None
+    figures = report.to_dict()
+    figures["start_time"] = float(store.attempts(run)["start_time"].min())
+    return figures
 
 
 def now() -> float:

@@ -27,9 +27,9 @@ import numpy as np
 import pandas as pd
 
 from runwatch.detect.base import LRAware
-from runwatch.detect.monitor import Monitor, _norm_label
+from runwatch.detect.monitor import Monitor
 from runwatch.expect.lrclock import LRClock, areas_at
-from runwatch.model import LABEL_KEYS, Anomaly
+from runwatch.model import LABEL_KEYS, Anomaly, label_value
 
 
 def feed_batch(
@@ -65,7 +65,7 @@ def feed_batch(
     keys = []
     for rows in groups:
         r = rows[0]
-        lk = tuple(_norm_label(label_cols[k][r]) if k in label_cols else None for k in LABEL_KEYS)
+        lk = tuple(label_value(label_cols[k][r]) if k in label_cols else None for k in LABEL_KEYS)
         keys.append((str(metric[r]), lk))
     if len(set(keys)) != len(keys):
         return None  # raw labels that normalise alike: let the streaming path decide

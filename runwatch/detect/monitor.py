@@ -20,7 +20,7 @@ from runwatch.detect.roles import DEFAULT_DETECTORS, ROLES, role_of
 from runwatch.detect.spike import Spike
 from runwatch.expect.lrclock import LRClock
 from runwatch.expect.reference import ReferenceCurve
-from runwatch.model import LABEL_KEYS, SEVERITIES, Anomaly, Event
+from runwatch.model import LABEL_KEYS, SEVERITIES, Anomaly, Event, label_value
 
 log = logging.getLogger("runwatch.detect")
 
@@ -28,14 +28,6 @@ _RANK = {s: i for i, s in enumerate(SEVERITIES)}
 _NO_LABELS = (None, None, None)
 PRECURSOR_WINDOW = 20
 """A grad-norm spike at most this many steps before a loss spike is linked to it."""
-
-
-def _norm_label(v: Any) -> Any:
-    if v is None or (isinstance(v, float) and (v != v)):
-        return None
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    return v
 
 
 class _Series:
@@ -175,7 +167,7 @@ class Monitor:
         ``time`` is accepted for the contract but not used: detectors judge by step and
         by point order, which is what keeps replay identical to live watching.
         """
-        lk = tuple(_norm_label(labels.get(k)) for k in LABEL_KEYS) if labels else _NO_LABELS
+        lk = tuple(label_value(labels.get(k)) for k in LABEL_KEYS) if labels else _NO_LABELS
         series = self._series.get((metric, lk))
         if series is None:
             series = self._new_series(metric, lk)

@@ -18,15 +18,7 @@ import pandas as pd
 
 from runwatch.detect.batch import feed_batch, fold_codes
 from runwatch.detect.monitor import Monitor
-from runwatch.model import LABEL_KEYS, Anomaly, Event
-
-
-def _label_value(v):
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return None
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    return v
+from runwatch.model import LABEL_KEYS, Anomaly, Event, label_value
 
 
 def _batch(mon: Monitor, points: ReplayInput, progress: Callable[[int], None] | None) -> bool:
@@ -189,7 +181,7 @@ def replay(
     if label_cols:
         cols = [points.labels[k] for k in label_cols]
         labels = [
-            {k: v for k, v in zip(label_cols, vals, strict=True) if _label_value(v) is not None}
+            {k: v for k, v in zip(label_cols, vals, strict=True) if label_value(v) is not None}
             for vals in zip(*cols, strict=True)
         ]
     else:

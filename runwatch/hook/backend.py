@@ -12,27 +12,11 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
-import numpy as np
-
-from runwatch.model import Event
+from runwatch.model import Event, SeriesBatch
 from runwatch.store import Store, StoreError
-
-
-class SeriesPoints(NamedTuple):
-    """One series' points in a batch, in log order."""
-
-    metric: str
-    labels: dict[str, Any]
-    steps: np.ndarray  # int64
-    times: np.ndarray  # float64 Unix seconds (NaN when unknown)
-    values: np.ndarray  # float64, NaN/Inf as logged
-
-
-SeriesBatch = Sequence[SeriesPoints]
-"""A flush: every series that got points, each once."""
 
 
 class BackendError(RuntimeError):

@@ -21,17 +21,14 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
-from runwatch.alerting.setup import configure as configure_alerting
-from runwatch.detect.live import LiveDetection
-from runwatch.expect.reference import ReferenceCurve
 from runwatch.hook.backend import Backend, ReferenceRefused, StoreBackend
 from runwatch.hook.drops import DROP_REASONS, DropCounter
 from runwatch.hook.ranks import keeps_metric, rank_info, rank_labels
 from runwatch.hook.transport import HttpBackend, make_backend_from_env
 from runwatch.hook.writer import STOP, Flow, Writer
-from runwatch.model import EVENT_KINDS, Event
+from runwatch.model import EVENT_KINDS, Event, SeriesBatch
 from runwatch.store import DEFAULT_STORE, RunExistsError
 
 log = logging.getLogger("runwatch.hook")
@@ -46,16 +43,29 @@ def current_run() -> Run | None:
     return _current
 
 
-def _reference_curves(
-    store_path: str, reference: str, run: str, roles: Mapping[str, str] | None
-) -> dict[str, ReferenceCurve]:
-    """The loss curves of the earlier run ``reference`` for live detection in reference
-    mode (``runwatch.analysis.reference_curves``, by step)."""
-    from runwatch.analysis import reference_curves
-    from runwatch.store import open_store
+class Extras(Protocol):
+    """What ``runwatch.attach`` adds to a run (live detection, alerting, system metrics).
 
-    with open_store(store_path) as store:
-        return reference_curves(store, reference, run, roles)
+    The hook knows it only by this shape: detection and alerting sit above the hook, and
+    ``runwatch/__init__`` hands their factory in through :func:`use_extras`.
+    """
+
+    def start(
+        self, run: Run, run_id: int, store_path: str, embedded: bool
+    ) -> Callable[[SeriesBatch, list[Event]], None] | None: ...
+    def start_sampler(self, run: Run) -> None: ...
+    def stop_sampler(self) -> None: ...
+    def close(self, timeout: float, alert_timeout: float) -> None: ...
+    def after_fork(self) -> None: ...
+
+
+_make_extras: Callable[..., Extras] | None = None
+
+
+def use_extras(factory: Callable[..., Extras] | None) -> None:
+    """Set what every new run calls to get its extras (``runwatch.attach.attach``)."""
+    global _make_extras
+    _make_extras = factory
 
 
 class Run:
@@ -102,26 +112,26 @@ class Run:
         self._put = self._queue.put
         self._writer: Writer | None = None
         self._backend: Backend | None = None
-        self._detection: LiveDetection | None = None
-        self._sampler: Any = None
+        self._extras: Extras | None = None
         self.run_id: int | None = None
         self._finished = False
         self._pid = os.getpid()
         self._alert_timeout = alert_timeout
-        self._alerting = None
-        roles = monitor if isinstance(monitor, Mapping) else None
-        # Reference mode is asked for by name: a wrong name, or a run with no live
-        # detection to use it, fails here, before anything is written. With a server, the
-        # server's detection reads the curves from its store (``start_run`` below).
-        if reference and not monitor:
-            raise ValueError(
-                f"reference={reference!r} needs live detection, and monitor=False turns it off"
+        # Checked before anything is written: a wrong reference run fails here. With a
+        # server, the server's detection reads the reference curves from its store.
+        if _make_extras is not None:
+            self._extras = _make_extras(
+                name=name,
+                store_path=self.store_path,
+                embedded=backend is None,
+                monitor=monitor,
+                reference=reference,
+                webhook=webhook,
+                alerts=alerts,
+                prometheus_port=prometheus_port,
+                system_metrics=system_metrics,
+                system_metrics_interval=system_metrics_interval,
             )
-        references = (
-            _reference_curves(self.store_path, reference, name, roles)
-            if reference and backend is None
-            else None
-        )
         try:
             self._backend = backend if backend is not None else StoreBackend(self.store_path)
             self.run_id, attempt = self._backend.start_run(
@@ -139,21 +149,13 @@ class Run:
                 exc,
             )
             return
-        # Alerting and /metrics are decided here, once, after the store exists (its sender
-        # threads open it too); a bad rules file fails init.
-        self._alerting = configure_alerting(
-            self, webhook=webhook, alerts=alerts, prometheus_port=prometheus_port
-        )
-        # Decided once here, so the writer's loop never asks: live detection on by default
-        # for the embedded store (a server runs its own), a mapping gives metric roles.
-        if monitor and isinstance(self._backend, StoreBackend):
-            self._detection = LiveDetection(
-                self.store_path,
-                self.run_id,
-                roles,
-                on_change=self._alerting.on_change if self._alerting else None,
-                references=references,
-            )
+        # Alerting, /metrics and live detection are decided here, once, after the store
+        # exists (their threads open it too), so the writer's loop never asks; a bad rules
+        # file fails init.
+        sink = None
+        if self._extras is not None:
+            embedded = isinstance(self._backend, StoreBackend)
+            sink = self._extras.start(self, self.run_id, self.store_path, embedded)
         self._writer = Writer(
             log_queue=self._queue,
             backend=self._backend,
@@ -164,7 +166,7 @@ class Run:
             drops=self._drops,
             flush_interval=flush_interval,
             retries=store_retries,
-            sink=self._detection,
+            sink=sink,
         )
         try:
             self._writer.start()
@@ -173,10 +175,8 @@ class Run:
             return
         self._accepting = True
         _live_runs.add(self)
-        if system_metrics:  # GPU (NVML) and host readings on a thread of their own
-            from runwatch.collectors.sampler import start_system_metrics
-
-            self._sampler = start_system_metrics(self, system_metrics_interval)
+        if self._extras is not None:
+            self._extras.start_sampler(self)
 
     # -- the hot path ------------------------------------------------------------------------
     def log(self, data: Mapping[str, Any], step: int | None = None) -> None:
@@ -286,8 +286,8 @@ class Run:
         self._closed_reason = "finished"
         timeout = self._finish_timeout if timeout is None else timeout
         started = time.monotonic()
-        if self._sampler is not None:
-            self._sampler.stop(1.0)
+        if self._extras is not None:
+            self._extras.stop_sampler()
         writer = self._writer
         if writer is not None and writer.is_alive():
             self._put(STOP)
@@ -302,10 +302,8 @@ class Run:
                     "runwatch: finish timed out after %.1f s; %d points not written", timeout, lost
                 )
                 self._drops.add("queue_full", lost)
-        if self._detection is not None:
-            self._detection.close(max(1.0, timeout - (time.monotonic() - started)))
-        if self._alerting is not None:  # bounded wait for pending alerts
-            self._alerting.close(self._alert_timeout)
+        if self._extras is not None:  # bounded waits for detection and pending alerts
+            self._extras.close(timeout - (time.monotonic() - started), self._alert_timeout)
         self._close_backend(status)
         if _current is self:
             _current = None
@@ -348,7 +346,8 @@ class Run:
         """In a forked child (DataLoader worker), the writer thread does not exist."""
         self._accepting = False
         self._closed_reason = "forked_child"
-        self._sampler = None  # its thread did not survive the fork
+        if self._extras is not None:
+            self._extras.after_fork()  # their threads did not survive the fork
         self._queue = queue.SimpleQueue()
         self._put = self._queue.put
 

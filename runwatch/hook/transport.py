@@ -31,15 +31,18 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
-from runwatch.hook.backend import Backend, BackendError, ReferenceRefused, SeriesBatch
+from runwatch.hook.backend import Backend, BackendError, ReferenceRefused
 from runwatch.hook.ranks import launch_id as env_launch_id
 from runwatch.hook.ranks import rank_info
-from runwatch.model import LABEL_KEYS, Event
+from runwatch.model import LABEL_KEYS, Event, SeriesBatch
 from runwatch.store import RunExistsError
+
+if TYPE_CHECKING:
+    # Imported by the methods that use it: only a run that sends to a server pays for
+    # httpx (and the CLI packages it loads), not every `import runwatch`.
+    import httpx
 
 log = logging.getLogger("runwatch.hook.transport")
 
@@ -131,6 +134,8 @@ class HttpBackend:
         transport: httpx.BaseTransport | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        import httpx
+
         self.location = url.rstrip("/")
         self.client_id = client_id or f"c-{uuid.uuid4().hex}"
         self._launch = launch_id
@@ -177,6 +182,8 @@ class HttpBackend:
         resume: bool | None,
         reference: str | None = None,
     ) -> tuple[int, int]:
+        import httpx
+
         body = {
             "name": name,
             "project": project,
@@ -250,6 +257,8 @@ class HttpBackend:
             self._spill_full(points)
 
     def begin_attempt(self, step: int, message: str) -> int:
+        import httpx
+
         current = self._current_attempt
         if not len(self.spill) and self._may_try():
             try:
@@ -286,6 +295,8 @@ class HttpBackend:
     def finish(
         self, attempt: int | None, last_step: int | None, status: str, drops: Mapping[str, int]
     ) -> None:
+        import httpx
+
         deadline = self._clock() + self._finish_drain
         while len(self.spill) and self._clock() < deadline:
             self._next_try = min(self._next_try, self._clock())
@@ -367,6 +378,8 @@ class HttpBackend:
 
     def _post(self, lines: list[bytes], points: int) -> str:
         """One request: ``ok``, ``down`` (try later) or ``rejected`` (never)."""
+        import httpx
+
         body = lines[0] if len(lines) == 1 else b"\n".join(lines)
         ctype = "application/json" if len(lines) == 1 else "application/x-ndjson"
         try:
@@ -442,6 +455,8 @@ class HttpBackend:
         return True
 
     def _replay_attempt(self, line: bytes) -> bool:
+        import httpx
+
         spec = json.loads(line)["_attempt"]
         try:
             reply = self._http.post(

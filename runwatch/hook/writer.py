@@ -25,10 +25,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from runwatch.hook.backend import Backend, BackendError, SeriesBatch, SeriesPoints
+from runwatch.hook.backend import Backend, BackendError
 from runwatch.hook.drops import DropCounter
 from runwatch.hook.values import RefusedValue, name_problem, to_float
-from runwatch.model import Event
+from runwatch.model import Event, SeriesBatch, SeriesPoints
 from runwatch.store import labels_key
 
 log = logging.getLogger("runwatch.hook")

@@ -29,8 +29,9 @@ from fastapi.security import HTTPBearer
 from pydantic import TypeAdapter
 from starlette.routing import Route
 
-from runwatch.analysis import reference_curves
 from runwatch.expect.reference import ReferenceCurve
+from runwatch.model import json_plain
+from runwatch.pipeline.analysis import reference_curves
 from runwatch.server import schemas as S
 from runwatch.server.auth import RateLimit, TokenCheck
 from runwatch.server.body import parse_many, read_body, read_model
@@ -270,7 +271,9 @@ def create_app(settings: ServerSettings) -> FastAPI:
         out = []
         for rec in frame.to_dict(orient="records"):
             labels = {
-                k: _plain(rec[k]) for k in ("rank", "host", "gpu") if _plain(rec[k]) is not None
+                k: json_plain(rec[k])
+                for k in ("rank", "host", "gpu")
+                if json_plain(rec[k]) is not None
             }
             out.append(
                 {
@@ -376,23 +379,12 @@ def _run_row(svc: _Service, run_id: int) -> dict[str, Any]:
 
 
 def _run_out(rec: Mapping[str, Any]) -> dict[str, Any]:
-    out = {k: _plain(rec[k]) for k in RUN_SUMMARY_KEYS}
+    out = {k: json_plain(rec[k]) for k in RUN_SUMMARY_KEYS}
     for k in ("run_id", "attempts", "series", "points"):
         out[k] = int(out[k] or 0)
     if out["last_step"] is not None:
         out["last_step"] = int(out["last_step"])
     return out
-
-
-def _plain(value: Any) -> Any:
-    """NumPy/pandas scalars and NaN (a missing cell) as plain JSON values."""
-    if value is None:
-        return None
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
 
 
 def _json_float(value: float) -> float | str:

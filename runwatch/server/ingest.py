@@ -26,10 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from runwatch.detect.live import LiveDetection
 from runwatch.expect.reference import ReferenceCurve
-from runwatch.hook.backend import SeriesPoints
-from runwatch.model import Anomaly, Event
+from runwatch.model import Anomaly, Event, SeriesPoints
+from runwatch.pipeline.live import LiveDetection
 from runwatch.server.errors import ApiError
 from runwatch.server.schemas import Batch
 from runwatch.store import Store

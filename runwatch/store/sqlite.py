@@ -45,6 +45,7 @@ from runwatch.store.points import (
 )
 from runwatch.store.points import read_blocks as _read_blocks
 from runwatch.store.schema import migrate
+from runwatch.store.status import StatusTables
 
 log = logging.getLogger("runwatch.store")
 
@@ -85,7 +86,7 @@ def primary_series(rows: Iterable[tuple[int, str]]) -> int:
     return min(rows, key=order)[0]
 
 
-class Store(JudgementTables, OutboxTables, IngestTables):
+class Store(JudgementTables, OutboxTables, IngestTables, StatusTables):
     """A runwatch store in one SQLite file (created, and migrated, on open)."""
 
     def __init__(

@@ -34,7 +34,7 @@ def test_nan_loss_reaches_the_webhook_and_finish_waits_for_it(
         run.log({"loss": 3.0 / (1 + step) ** 0.3}, step=step)
     run.log({"loss": float("nan")}, step=200)
     assert receiver.wait_for(lambda r: r.received, 10)
-    port = run._alerting.exporter.port
+    port = run._extras.alerting.exporter.port
     metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     assert 'runwatch_run_step{project="",run="gpt"} 200.0' in metrics
     for step in range(201, 260):
@@ -74,7 +74,7 @@ def test_no_alerting_options_start_nothing(tmp_path: Path, monkeypatch: Any) -> 
     monkeypatch.delenv("RUNWATCH_WEBHOOK_URL", raising=False)
     monkeypatch.delenv("RUNWATCH_ALERTS", raising=False)
     with runwatch.init("plain", store=tmp_path / "p.db") as run:
-        assert run._alerting is None
+        assert run._extras.alerting is None
 
 
 def test_bad_rules_file_fails_init_with_file_and_line(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from runwatch.collectors import nvml as nvml_mod
 from runwatch.collectors.nvml import CRITICAL_XIDS, NvmlCollector
 from runwatch.collectors.recorded_nvml import RecordedNvml
-from runwatch.detect.fleet_hardware import CRITICAL_XIDS as DETECTOR_CRITICAL_XIDS
+from runwatch.detect.fleet.hardware import CRITICAL_XIDS as DETECTOR_CRITICAL_XIDS
 
 
 def test_absent_nvml_is_one_info_message_and_no_gpus(caplog):

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from runwatch.dashboard import shaping, ui
+from runwatch.pipeline import runconfig
 
 
 def test_ema_matches_tensorboard_debiased_smoothing() -> None:
@@ -55,10 +56,10 @@ def test_pick_source_prefers_live_anomalies_and_falls_back_to_replay() -> None:
 
 
 def test_tokens_per_step_from_config_or_from_throughput_times_step_time() -> None:
-    assert shaping.tokens_per_step({"tokens_per_step": 2048}) == 2048.0
+    assert runconfig.tokens_per_step({"tokens_per_step": 2048}) == 2048.0
     sample = pd.DataFrame({"tokens_per_s": [1000.0, 2000.0, np.nan], "step_time_s": [2.0, 1.0, 1]})
-    assert shaping.tokens_per_step({}, sample) == 2000.0
-    assert shaping.tokens_per_step({}, None) is None
+    assert runconfig.tokens_per_step({}, sample) == 2000.0
+    assert runconfig.tokens_per_step({}, None) is None
 
 
 def test_with_x_and_steps_to_x_agree_on_every_axis() -> None:
@@ -118,7 +119,7 @@ def test_aligned_sample_ignores_redone_steps_and_duplicates() -> None:
     a = pd.DataFrame({"step": [1, 2, 2], "value": [1.0, 2.0, 9.0], "superseded": [0, 0, 1]})
     a["superseded"] = a["superseded"].astype(bool)
     b = pd.DataFrame({"step": [1, 2], "value": [10.0, 20.0]})
-    sample = shaping.aligned_sample({"tokens_per_s": a, "step_time_s": b})
+    sample = runconfig.aligned_sample({"tokens_per_s": a, "step_time_s": b})
     assert sample.to_dict("list") == {"tokens_per_s": [1.0, 2.0], "step_time_s": [10.0, 20.0]}
 
 

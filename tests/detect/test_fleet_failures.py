@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from runwatch.detect.fleet import fleet_report
-from runwatch.detect.fleet_failures import failure_report
+from runwatch.pipeline.fleet import fleet_report
+from runwatch.detect.fleet.failures import failure_report
 from runwatch.model import Event
 from runwatch.store import open_store
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runwatch.detect.fleet_stragglers import StragglerDetector
+from runwatch.detect.fleet.stragglers import StragglerDetector
 
 
 def feed(det, matrix, first_step=0):

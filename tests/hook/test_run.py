@@ -312,7 +312,7 @@ def test_system_metrics_option_collects_host_readings(db_path):
         for step in range(5):
             run.log({"loss": 1.0}, step=step)
         deadline = time.monotonic() + 20
-        while run._sampler.polls < 2 and time.monotonic() < deadline:
+        while run._extras.sampler.polls < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
     with runwatch.open_store(str(db_path)) as store:
         metrics = set(store.series("r")["metric"])

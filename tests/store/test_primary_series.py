@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from runwatch.analysis import forecast_run
+from runwatch.pipeline.analysis import forecast_run
 from runwatch.store import open_store
 
 

@@ -101,7 +101,8 @@ def test_live_order_keeps_the_last_of_a_repeated_step_and_drops_redone_steps():
 
 
 def test_the_cross_rank_read_replays_events_of_a_run_with_no_fleet_series(db_path):
-    from runwatch.detect.fleet import fleet_anomalies, run_fleet_anomalies
+    from runwatch.detect.fleet.monitor import fleet_anomalies
+    from runwatch.pipeline.fleet import run_fleet_anomalies
 
     rng = np.random.default_rng(3)
     with open_store(str(db_path)) as store:
@@ -119,7 +120,8 @@ def test_the_cross_rank_read_replays_events_of_a_run_with_no_fleet_series(db_pat
 
 
 def test_the_cross_rank_read_finds_what_reading_every_series_finds(db_path):
-    from runwatch.detect.fleet import fleet_anomalies, run_fleet_anomalies
+    from runwatch.detect.fleet.monitor import fleet_anomalies
+    from runwatch.pipeline.fleet import run_fleet_anomalies
 
     rng = np.random.default_rng(5)
     steps = np.arange(200, dtype=np.int64)

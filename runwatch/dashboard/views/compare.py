@@ -9,6 +9,7 @@ import streamlit as st
 
 from runwatch.dashboard import data, shaping, ui
 from runwatch.dashboard.charts_compare import compare_figure, scaling_figure
+from runwatch.pipeline import runconfig
 
 db = ui.store_path()
 st.title("Compare")
@@ -19,7 +20,7 @@ if runs.empty:
     st.info("No runs in this store yet.")
     st.stop()
 names = runs["name"].tolist()[::-1]
-configs = {r.name: shaping.run_config(r.config) for r in runs.itertuples()}
+configs = {r.name: runconfig.run_config(r.config) for r in runs.itertuples()}
 
 chosen = st.multiselect("Runs", names, default=names[:4], key="cmp_runs")
 with ui.guarded(db):
@@ -44,7 +45,7 @@ def _tps(run: str) -> float | None:
             for m in ("tokens_per_s", "step_time_s")
             if m in data.metrics(db, run)
         }
-    return shaping.tokens_per_step(configs[run], shaping.aligned_sample(got) if got else None)
+    return runconfig.tokens_per_step(configs[run], runconfig.aligned_sample(got) if got else None)
 
 
 @st.fragment(run_every=ui.run_every())

@@ -7,52 +7,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-import runwatch
-from runwatch.dashboard import charts_fleet, ui
-from runwatch.detect.fleet import fleet_anomalies, fleet_report
+from runwatch.dashboard import charts_fleet, data, ui
 from runwatch.detect.roles import role_of
-from runwatch.store import Store
 
-TTL = 5.0
 HEATMAP_METRICS = ("gpu_temp_c", "gpu_util_pct", "gpu_power_w", "gpu_clock_sm_mhz")
-
-
-@st.cache_resource(show_spinner=False)
-def _store(db: str) -> Store:
-    return runwatch.open_store(db, readonly=True)
-
-
-@st.cache_data(ttl=TTL, show_spinner=False)
-def per_rank_metrics(db: str, run: str) -> list[str]:
-    """Metrics logged by more than one rank: the ones a heatmap can compare."""
-    series = _store(db).series(run)
-    multi = series.dropna(subset=["rank"]).groupby("metric")["rank"].nunique()
-    return sorted(multi[multi > 1].index.tolist())
-
-
-@st.cache_data(ttl=TTL, show_spinner=False)
-def rank_points(db: str, run: str, metric: str) -> pd.DataFrame:
-    pts = _store(db).read_points(run, [metric])
-    return pts.dropna(subset=["rank"])[["step", "rank", "host", "gpu", "value", "time"]]
-
-
-@st.cache_data(ttl=TTL, show_spinner=False)
-def fleet_episodes(db: str, run: str, metrics: tuple[str, ...]) -> pd.DataFrame:
-    store = _store(db)
-    pts = store.read_points(run, list(metrics)) if metrics else store.read_points(run)
-    return charts_fleet.straggler_table(fleet_anomalies(pts, store.events(run)))
-
-
-@st.cache_data(ttl=TTL, show_spinner=False)
-def failures(db: str, run: str) -> dict | None:
-    store = _store(db)
-    try:
-        report = fleet_report(store, run)
-    except ValueError:
-        return None
-    figures = report.to_dict()
-    figures["start_time"] = float(store.attempts(run)["start_time"].min())
-    return figures
 
 
 db = ui.store_path()
@@ -60,7 +18,7 @@ st.title("Fleet")
 ui.open_or_stop(db)
 with ui.guarded(db):
     run = ui.pick_run(db)
-    metrics = per_rank_metrics(db, run)
+    metrics = data.per_rank_metrics(db, run)
 
 
 @st.fragment(run_every=ui.run_every())
@@ -76,7 +34,7 @@ def heatmap_panel() -> None:
     default = (step_metrics or [m for m in metrics if m in HEATMAP_METRICS] or metrics)[0]
     metric = st.selectbox("Heatmap of", metrics, index=metrics.index(default), key="fleet_metric")
     with ui.guarded(db):
-        pts = rank_points(db, run, metric)
+        pts = data.rank_points(db, run, metric)
     st.plotly_chart(charts_fleet.rank_heatmap(pts, metric), key="fleet_heatmap")
     ui.updated_caption()
 
@@ -85,7 +43,7 @@ def heatmap_panel() -> None:
 def episodes_panel() -> None:
     st.subheader("Stragglers, hangs and hardware faults")
     with ui.guarded(db):
-        table = fleet_episodes(db, run, tuple(metrics))
+        table = data.fleet_episodes(db, run, tuple(metrics))
     if table.empty:
         st.success("No straggler, hang or hardware fault in this run.", icon="✅")
         return
@@ -110,7 +68,7 @@ def episodes_panel() -> None:
 def failures_panel() -> None:
     st.subheader("Failures, MTBF and goodput")
     with ui.guarded(db):
-        figures = failures(db, run)
+        figures = data.failures(db, run)
     if figures is None:
         st.info("No steps logged yet: nothing to time failures against.")
         return

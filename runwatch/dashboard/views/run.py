@@ -14,6 +14,7 @@ from runwatch.dashboard.charts import (
     run_figure,
     run_figure_height,
 )
+from runwatch.pipeline import runconfig
 
 PANEL_ROLES = ("loss", "grad_norm", "lr", "throughput", "step_time")
 LIST_ROWS = 50
@@ -26,7 +27,7 @@ with ui.guarded(db):
     run = ui.pick_run(db)
     runs = data.runs(db).set_index("name")
     info = runs.loc[run]
-    config = shaping.run_config(info["config"])
+    config = runconfig.run_config(info["config"])
     metrics = data.metrics(db, run)
     roles = shaping.metrics_by_role(metrics, config)
 title.title(run)
@@ -122,7 +123,7 @@ def chart() -> None:
     with ui.guarded(db):
         frames = {m: data.series_view(db, run, m, start, end, smoothing) for m in panel_metrics}
         ref = frames[panel_metrics[0]]
-        tps = shaping.tokens_per_step(config, shaping.aligned_sample(frames))
+        tps = runconfig.tokens_per_step(config, runconfig.aligned_sample(frames))
         to_x = lambda steps: shaping.steps_to_x(steps, axis, tps, ref)  # noqa: E731
         anomalies = data.anomalies(db, run)
         attempts = data.attempts(db, run)

@@ -5,8 +5,8 @@ they get their own small aggregator. :class:`FleetMonitor` takes the same calls 
 (``update(metric, labels, step, value, time)``, ``event(event)``, ``finish()``) plus
 ``tick(now)`` for the clock-driven hang check, so a live pipeline can feed both from one
 stream. :func:`fleet_anomalies` is the replay (``runwatch analyze``): the same detectors fed
-per step with NumPy rows, so a 4,096-rank run replays in seconds. :func:`fleet_report` gives
-the failure/goodput figures of a stored run.
+per step with NumPy rows, so a 4,096-rank run replays quickly; ``runwatch.pipeline.fleet``
+runs them over a stored run.
 
 Which series count: a *step-time* series (role ``step_time`` by name or config, e.g.
 ``step_time``, ``iteration_time_ms``) with a ``rank`` label feeds the straggler and hang
@@ -34,24 +34,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from runwatch.detect.fleet_failures import FailureReport, failure_report
-from runwatch.detect.fleet_hangs import HangDetector
-from runwatch.detect.fleet_hardware import HardwareMonitor
-from runwatch.detect.fleet_stragglers import StragglerDetector
+from runwatch.detect.fleet.hangs import HangDetector
+from runwatch.detect.fleet.hardware import HardwareMonitor
+from runwatch.detect.fleet.stragglers import StragglerDetector
 from runwatch.detect.roles import role_of
-from runwatch.model import LABEL_KEYS, Anomaly, Event
+from runwatch.model import LABEL_KEYS, Anomaly, Event, label_value
 
 log = logging.getLogger("runwatch.detect.fleet")
-
-
-def _label(v: Any) -> Any:
-    if v is None or (isinstance(v, float) and v != v):
-        return None
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    if isinstance(v, np.integer):
-        return int(v)
-    return v
 
 
 class FleetMonitor:
@@ -109,7 +98,7 @@ class FleetMonitor:
             self._gpu_step = int(step)
             out += self.hardware.update(metric, labels, int(step), value)
             return self._keep(out)
-        rank = _label(labels.get("rank"))
+        rank = label_value(labels.get("rank"))
         if rank is None or not self._is_step_time(metric):
             return out
         col = self._col(labels)
@@ -143,7 +132,8 @@ class FleetMonitor:
             code = attrs.get("xid")
             if code is not None:
                 labels = {"rank": event.rank, "host": event.host, "gpu": attrs.get("gpu")}
-                labels = {k: _label(v) for k, v in labels.items() if _label(v) is not None}
+                labels = {k: label_value(v) for k, v in labels.items()}
+                labels = {k: v for k, v in labels.items() if v is not None}
                 out += self.hardware.xid(labels, int(event.step or 0), int(code))
         elif event.kind in ("restart", "resume"):
             now = event.time if event.time == event.time else None
@@ -183,11 +173,11 @@ class FleetMonitor:
         return known
 
     def _col(self, labels: Mapping[str, Any]) -> int:
-        rank = _label(labels.get("rank"))
+        rank = label_value(labels.get("rank"))
         col = self._cols.get(rank)
         if col is None:
             col = self._cols[rank] = len(self._labels)
-            named = {k: _label(labels.get(k)) for k in LABEL_KEYS}
+            named = {k: label_value(labels.get(k)) for k in LABEL_KEYS}
             named = {k: v for k, v in named.items() if v is not None}
             self._labels.append(named)
             self.hangs.set_labels(col, named)
@@ -237,7 +227,7 @@ def fleet_anomalies(
     fm = monitor if monitor is not None else FleetMonitor(config)
     if points is None or len(points) == 0:
         return []
-    return _replay(fm, points, events, now)
+    return replay_fleet(fm, points, events, now)
 
 
 def fleet_metrics(series: pd.DataFrame, config: Mapping[str, str] | None = None) -> list[str]:
@@ -256,30 +246,11 @@ def fleet_metrics(series: pd.DataFrame, config: Mapping[str, str] | None = None)
     return sorted(wanted)
 
 
-def run_fleet_anomalies(
-    store: Any,
-    run: str,
-    events: pd.DataFrame | None = None,
-    config: Mapping[str, str] | None = None,
-) -> list[Anomaly]:
-    """:func:`fleet_anomalies` over a stored run (every attempt), reading only the series
-    the fleet detectors use (:func:`fleet_metrics`) - on most runs a small part of them.
-
-    The result is that of ``fleet_anomalies(store.read_points(run, all_attempts=True),
-    events, config)``: a run with points has its events replayed (XIDs, restarts) even
-    when none of its series is a fleet one.
-    """
-    catalogue = store.series(run)
-    if int(catalogue["points"].sum()) == 0:
-        return []
-    wanted = fleet_metrics(catalogue, config)
-    points = store.read_points(run, wanted, all_attempts=True)
-    return _replay(FleetMonitor(config), points, events, None)
-
-
-def _replay(
+def replay_fleet(
     fm: FleetMonitor, points: pd.DataFrame, events: pd.DataFrame | None, now: float | None
 ) -> list[Anomaly]:
+    """Feed ``points`` and ``events`` to ``fm`` in time order (step-time rows per step, GPU
+    readings, events) and return what it flagged, for a replay or a stored run."""
     evs = _event_list(events)
     timeline: list[tuple[float, int, Any]] = [(e.time, 0, e) for e in evs]
     has_rank = "rank" in points.columns
@@ -302,7 +273,7 @@ def _replay(
         cols = [c for c in LABEL_KEYS if c in gpu.columns]
         ordered = gpu.sort_values("step", kind="stable")
         for rec in ordered[["metric", "step", "value", *cols]].itertuples(index=False):
-            labels = {c: _label(getattr(rec, c)) for c in cols}
+            labels = {c: label_value(getattr(rec, c)) for c in cols}
             fm.update(
                 rec.metric,
                 {k: v for k, v in labels.items() if v is not None},
@@ -324,7 +295,7 @@ def _step_rows(fm: FleetMonitor, metric: str, rows: pd.DataFrame) -> list[tuple[
     firsts = rows.drop_duplicates("rank")[label_cols]
     for rec in firsts.itertuples(index=False):
         fm._col({c: getattr(rec, c) for c in label_cols})
-    cols = rows["rank"].map(lambda r: fm._cols[_label(r)]).to_numpy(dtype=np.int64)
+    cols = rows["rank"].map(lambda r: fm._cols[label_value(r)]).to_numpy(dtype=np.int64)
     times = rows["time"].to_numpy(dtype=float) if "time" in rows else np.full(len(rows), np.nan)
     attempt = rows["attempt"].to_numpy() if "attempt" in rows else np.zeros(len(rows), int)
     frame = pd.DataFrame(
@@ -359,7 +330,7 @@ def _event_list(events: pd.DataFrame | None) -> list[Event]:
                 attrs = json.loads(attrs)
             except ValueError:
                 attrs = {}
-        step = _label(rec.get("step"))
+        step = label_value(rec.get("step"))
         t = rec.get("time")
         out.append(
             Event(
@@ -367,8 +338,8 @@ def _event_list(events: pd.DataFrame | None) -> list[Event]:
                 step=None if step is None else int(step),
                 time=float(t) if t is not None and t == t else math.nan,
                 message=str(rec.get("message") or ""),
-                rank=_label(rec.get("rank")),
-                host=_label(rec.get("host")),
+                rank=label_value(rec.get("rank")),
+                host=label_value(rec.get("host")),
                 attrs=dict(attrs),
             )
         )
@@ -386,23 +357,3 @@ def step_clock_metric(series: pd.DataFrame, config: Mapping[str, str] | None = N
             if role_of(str(m), config) == role:
                 return str(m)
     return str(metrics.index[0])
-
-
-def fleet_report(
-    store: Any, run: str, *, final_step: int | None = None, now: float | None = None
-) -> FailureReport:
-    """Failure, MTBF, goodput and ETA figures of a stored run (:func:`failure_report`)."""
-    catalogue = store.series(run)
-    metric = step_clock_metric(catalogue)
-    if metric is None:
-        raise ValueError(f"run {run!r} has no points to time its steps with")
-    rows = catalogue[catalogue["metric"] == metric]
-    frames = []
-    for rec in rows.to_dict("records"):
-        # Each series exactly ({} the unlabelled one), not the run's primary series.
-        labels = {k: rec[k] for k in LABEL_KEYS if rec.get(k) is not None and rec[k] == rec[k]}
-        frames.append(store.read_series(run, metric, labels, all_attempts=True))
-    points = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    return failure_report(
-        store.events(run), store.attempts(run), points, final_step=final_step, now=now
-    )

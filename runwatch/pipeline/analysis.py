@@ -17,16 +17,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from runwatch.detect.fleet import run_fleet_anomalies
 from runwatch.detect.monitor import Monitor
 from runwatch.detect.replay import replay, replay_input
 from runwatch.detect.roles import role_of
 from runwatch.expect.forecast import Forecast, forecast
 from runwatch.expect.reference import ReferenceCurve
-from runwatch.model import Anomaly
+from runwatch.model import LR_METRICS, Anomaly
+from runwatch.pipeline.fleet import run_fleet_anomalies
+from runwatch.pipeline.runconfig import aligned_sample, run_config, tokens_per_step
 from runwatch.store import Store
 
-log = logging.getLogger("runwatch.analysis")
+log = logging.getLogger("runwatch.pipeline.analysis")
 
 CURVE_SAMPLES = 400
 """Points of a stored expected curve: enough to draw it smoothly on a log or linear axis."""
@@ -238,8 +239,6 @@ def reference_curves(
 
 
 def _tokens_per_step(store: Store, run: str) -> float:
-    from runwatch.dashboard.shaping import aligned_sample, run_config, tokens_per_step
-
     runs = store.runs()
     row = runs[runs["name"] == run]
     config = run_config(row.iloc[0]["config"] if not row.empty else None)
@@ -256,7 +255,7 @@ def _tokens_per_step(store: Store, run: str) -> float:
 
 
 def _learning_rate(store: Store, run: str) -> pd.DataFrame | None:
-    for name in ("lr", "learning_rate"):
+    for name in LR_METRICS:
         frame = store.read_series(run, name)
         if not frame.empty:
             return frame

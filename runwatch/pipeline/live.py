@@ -25,19 +25,19 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from runwatch.model import LABEL_KEYS, Anomaly, Event, SeriesBatch
 
-from runwatch.detect.batch import feed_batch
-from runwatch.detect.fleet import FleetMonitor
-from runwatch.detect.monitor import Monitor
-from runwatch.expect.reference import ReferenceCurve
-from runwatch.hook.backend import SeriesBatch
-from runwatch.model import LABEL_KEYS, Anomaly, Event
-from runwatch.store import Store
+if TYPE_CHECKING:
+    import numpy as np
 
-log = logging.getLogger("runwatch.detect.live")
+    from runwatch.detect.fleet.monitor import FleetMonitor
+    from runwatch.detect.monitor import Monitor
+    from runwatch.expect.reference import ReferenceCurve
+    from runwatch.store import Store
+
+log = logging.getLogger("runwatch.pipeline.live")
 
 _STOP = object()
 HANG_CHECK_EVERY_S = 5.0
@@ -59,10 +59,10 @@ class LiveDetection:
     ) -> None:
         self._store_path = store_path
         self._run_id = run_id
-        self.monitor = Monitor(config, references=references)
-        # Cross-rank detectors, with the Monitor's metric roles; wall-clock time, as the
-        # points carry Unix times.
-        self.fleet = FleetMonitor(self.monitor.config, clock=time.time)
+        self._config = config
+        self._references = references
+        self.monitor: Monitor | None = None  # built on the detection thread (``_start``)
+        self.fleet: FleetMonitor | None = None
         self._ids: dict[int, int] = {}
         self._on_change = on_change
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -105,11 +105,24 @@ class LiveDetection:
         return True
 
     # -- the detection thread ---------------------------------------------------------------
+    def _start(self) -> None:
+        """Open the store and build the detectors. Here, on the detection thread, so that
+        ``runwatch.init()`` does not wait for detection's imports."""
+        from runwatch.detect.fleet.monitor import FleetMonitor
+        from runwatch.detect.monitor import Monitor
+        from runwatch.store import Store
+
+        self.monitor = Monitor(self._config, references=self._references)
+        # Cross-rank detectors, with the Monitor's metric roles; wall-clock time, as the
+        # points carry Unix times.
+        self.fleet = FleetMonitor(self.monitor.config, clock=time.time)
+        self._store = Store(self._store_path)
+
     def _loop(self) -> None:
         try:
-            self._store = Store(self._store_path)
+            self._start()
         except Exception as exc:
-            log.warning("runwatch: live detection cannot open the store: %s", exc)
+            log.warning("runwatch: live detection cannot start: %s", exc)
             return
         try:
             while True:
@@ -132,6 +145,8 @@ class LiveDetection:
             self._store.close()
 
     def _detect(self, batch: SeriesBatch, events: list[Event]) -> None:
+        import numpy as np
+
         changed: dict[int, Anomaly] = {}
         for event in events:
             for anomaly in self.monitor.event(event) + self.fleet.event(event):
@@ -180,6 +195,10 @@ class LiveDetection:
         """The batch's points, in replay order, through the Monitor: each series at once
         (``runwatch.detect.batch.feed_batch``, what ``update`` row by row gives, ~10x
         cheaper), or row by row when the batch rewinds a series (a restart)."""
+        import numpy as np
+
+        from runwatch.detect.batch import feed_batch
+
         metric = np.array([m for m, _ in names], dtype=object)[rows]
         keys = sorted({k for _, labels in names for k in labels if k in LABEL_KEYS})
         label_cols = {

@@ -1,0 +1,1 @@
+"""Detectors that see across ranks, hosts and GPUs: stragglers, hangs, hardware faults."""
