@@ -1,0 +1,1 @@
+"""The dashboard's pages: Streamlit scripts, one per page, run by the router (app.py)."""
