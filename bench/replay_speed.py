@@ -2,7 +2,7 @@
 
 Measures ``analyze_frame`` over every real run (the same runs ``bench/detection.py``
 loads: all metrics, 582k points), streaming (``fast=False``: every row through
-``Monitor.update``) against batch (``fast=True``: ``runwatch.detect.batch``), as points
+``Monitor.update``) against batch (``fast=True``: ``Monitor.update_batch``), as points
 per second of wall and CPU time: median and spread (min-max) of ``--repeats`` runs. The
 machine is shared, so CPU time is the steadier figure.
 

@@ -1,9 +1,11 @@
 """The Monitor: points and events in, anomaly episodes out.
 
-One Monitor serves live watching (the hook's writer thread, ``runwatch serve``) and replay
+One Monitor serves live watching (the detection thread, ``runwatch serve``) and replay
 (``runwatch analyze``): it holds no clock and no randomness, so the same points in the same
-order give the same anomalies. Memory is bounded: per series a fixed set of detectors with
-fixed windows, and a ring of the last ``max_anomalies`` episodes.
+order give the same anomalies. Points come one at a time (``update``) or as a batch of rows
+in replay order (``update_batch``: each series through its detectors' ``update_many`` at
+once, the same episodes). Memory is bounded: per series a fixed set of detectors with fixed
+windows, and a ring of the last ``max_anomalies`` episodes.
 """
 
 from __future__ import annotations
@@ -11,52 +13,27 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+import numpy as np
+import pandas as pd
 
 from runwatch.detect.base import Detector, LRAware, Signal
 from runwatch.detect.deviation import CurveDeviation
 from runwatch.detect.roles import DEFAULT_DETECTORS, ROLES, role_of
+from runwatch.detect.rows import OpenOrder, clock_states, feed_clock, fold_codes
+from runwatch.detect.series import Series
 from runwatch.detect.spike import Spike
-from runwatch.expect.lrclock import LRClock
+from runwatch.expect.lrclock import LRClock, areas_at
 from runwatch.expect.reference import ReferenceCurve
 from runwatch.model import LABEL_KEYS, SEVERITIES, Anomaly, Event, label_value
 
 log = logging.getLogger("runwatch.detect")
 
-_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 _NO_LABELS = (None, None, None)
 PRECURSOR_WINDOW = 20
 """A grad-norm spike at most this many steps before a loss spike is linked to it."""
-
-
-class _Series:
-    """One metric + labels: its detectors and their open episodes."""
-
-    __slots__ = (
-        "detectors",
-        "key",
-        "labels",
-        "last_step",
-        "metric",
-        "open",
-        "quiet",
-        "rewind_ok",
-        "role",
-    )
-
-    def __init__(self, metric: str, labels: dict[str, Any], role: str, dets: list[Detector]):
-        self.metric = metric
-        self.labels = labels
-        self.role = role
-        self.detectors = dets
-        self.open: list[Anomaly | None] = [None] * len(dets)
-        self.quiet: list[int] = [0] * len(dets)
-        self.last_step: int | None = None
-        self.rewind_ok = False
-        self.key = metric + (
-            "{" + ",".join(f"{k}={v}" for k, v in labels.items()) + "}" if labels else ""
-        )
 
 
 class Monitor:
@@ -105,19 +82,14 @@ class Monitor:
         self.config = roles
         self.max_anomalies = max_anomalies
         self.references = dict(references or {})
-        self._series: dict[tuple[Any, ...], _Series] = {}
+        self._series: dict[tuple[Any, ...], Series] = {}
         self._anomalies: deque[Anomaly] = deque(maxlen=max_anomalies)
         self._n_points = 0
         self._n_out_of_order = 0
         self._n_errors = 0
         self._n_bad = 0
         self.lr_clock = LRClock()
-        self._lr_series: _Series | None = None
-        # Batch replay (runwatch.detect.batch) defers precursor links and orders anomalies
-        # by the row that opened them; live use leaves these unused.
-        self._deferred: list[tuple[int, _Series, int, Anomaly]] | None = None
-        self._row = 0
-        self._order: dict[int, tuple[int, int, int]] = {}
+        self._lr_series: Series | None = None
         self._gn_spike: dict[tuple[Any, ...], tuple[int, Anomaly]] = {}
         self._loss_spike: dict[tuple[Any, ...], tuple[int, Anomaly]] = {}
 
@@ -208,51 +180,234 @@ class Monitor:
                 self._failed(series, det, step)
                 sig = None
             if sig is not None or opened[i] is not None:
-                self._handle(series, i, det, step, sig, out)
+                self._judge(series, i, step, sig, out)
         return out
 
-    def _feed(self, series: _Series, i: int, step: int, value: float, out: list[Anomaly]):
-        """One detector, one point: open, grow or close its episode (shared with batch)."""
-        det = series.detectors[i]
-        try:
-            sig = det.update(step, value)
-        except Exception:
-            self._failed(series, det, step)
-            sig = None
-        self._handle(series, i, det, step, sig, out)
+    def update_batch(
+        self,
+        metric: np.ndarray,
+        label_cols: Mapping[str, np.ndarray],
+        steps: np.ndarray,
+        values: np.ndarray,
+        progress: Callable[[int], None] | None = None,
+        series_codes: np.ndarray | None = None,
+    ) -> list[Anomaly] | None:
+        """Feed rows in replay order (by step; within a step, any fixed series order): what
+        ``update`` row by row would do, each series through its detectors at once.
 
-    def _failed(self, series: _Series, det: Detector, step: int) -> None:
+        Returns the episodes opened, grown or closed (what the ``update`` calls would have
+        returned, each once), or None if it cannot - a series whose steps go back from
+        where it was (a restart or a late point), or raw labels that normalise alike - and
+        then nothing was fed and the caller goes row by row. Live detection feeds each
+        written batch so; replay the whole run.
+
+        Parameters
+        ----------
+        metric, steps, values
+            One entry per row: the metric name, the step, the value.
+        label_cols
+            Label name -> one value per row (missing: None or NaN).
+        progress
+            Told the number of rows fed so far after each series.
+        series_codes
+            A code per row, one per series (``rows.fold_codes``), when the caller has them.
+        """
+        n = steps.size
+        if n == 0:
+            return []
+        codes = series_codes
+        if codes is None:
+            cols = [metric, *label_cols.values()]
+            codes = fold_codes([pd.factorize(c, use_na_sentinel=False)[0] for c in cols])
+        order = np.argsort(codes, kind="stable")
+        groups = np.split(order, np.flatnonzero(np.diff(codes[order])) + 1)
+        groups.sort(key=lambda g: g[0])  # series are created in order of first appearance
+        keys = []
+        for rows in groups:
+            r = rows[0]
+            lk = tuple(
+                label_value(label_cols[k][r]) if k in label_cols else None for k in LABEL_KEYS
+            )
+            keys.append((str(metric[r]), lk))
+        if len(set(keys)) != len(keys):
+            return None  # raw labels that normalise alike: let the row path decide
+        for key, rows in zip(keys, groups, strict=True):
+            known = self._series.get(key)
+            behind = known is not None and known.last_step is not None
+            if behind and steps[rows[0]] < known.last_step:
+                return None  # a rewind or a late point: the row path knows what to do
+        # Episodes open before this batch: reported if a point grows or closes them.
+        was_open = [
+            (ep, ep.details["points"])
+            for key in keys
+            if (s := self._series.get(key)) is not None
+            for ep in s.open
+            if ep is not None
+        ]
+        batch = OpenOrder()
+        kept = self._anomalies
+        self._anomalies = deque()  # unbounded while rows are out of order; trimmed below
+        try:
+            runs = [
+                (self._series.get(key) or self._new_series(*key), rows)
+                for key, rows in zip(keys, groups, strict=True)
+            ]
+            # The LR series first: the loss series' areas come from what it fed the clock.
+            runs.sort(key=lambda r: r[0] is not self._lr_series)
+            lr_fed = clock_states(self.lr_clock)
+            done = 0
+            for series, rows in runs:
+                if series is self._lr_series:
+                    lr_fed = feed_clock(self.lr_clock, rows, steps[rows], values[rows])
+                self._run_series(series, rows, steps[rows], values[rows], lr_fed, batch)
+                done += rows.size
+                if progress is not None:
+                    progress(done)
+            self._link_deferred(batch)
+            ordered = sorted(self._anomalies, key=lambda a: batch.order[id(a)])
+        finally:
+            self._anomalies = kept
+        kept.extend(ordered)  # the deque keeps the last max_anomalies, as streaming does
+        self._n_points += n
+        grown = [ep for ep, pts in was_open if ep.details["points"] != pts or not ep.is_open]
+        return grown + ordered
+
+    def _run_series(
+        self,
+        series: Series,
+        rows: np.ndarray,
+        st: np.ndarray,
+        v: np.ndarray,
+        lr_fed: tuple[np.ndarray, np.ndarray],
+        batch: OpenOrder,
+    ) -> None:
+        """One series' rows of a batch through each of its detectors."""
+        series.last_step = int(st[-1]) if st.size else None
+        series.rewind_ok = False
+        rows_l = rows.tolist()
+        steps_l = st.tolist()
+        values_l = v.tolist()
+        bad = np.flatnonzero(~np.isfinite(v)).tolist()
+        self._nonfinite(series, rows_l, steps_l, values_l, bad, batch)
+        # The points' LR areas, once for every detector of the series that judges by the LR.
+        by_lr = [isinstance(d, LRAware) and bool(d.lr_clock) for d in series.detectors]
+        areas = areas_at(*lr_fed, rows, st) if len(lr_fed[0]) and any(by_lr) else None
+        for i in range(1, len(series.detectors)):
+            det = series.detectors[i]
+            on_error = lambda k, det=det: self._failed(series, det, steps_l[k])  # noqa: E731
+            try:
+                if areas is not None and by_lr[i]:
+                    sigs = det.update_many(steps_l, values_l, on_error, areas=areas)
+                else:
+                    sigs = det.update_many(steps_l, values_l, on_error)
+            except Exception:  # a bug in a detector's batch path: counted, as in update
+                self._failed(series, det, steps_l[0])
+                continue
+            self._episodes(series, i, rows_l, steps_l, sigs, batch)
+
+    def _episodes(
+        self,
+        series: Series,
+        i: int,
+        rows_l: list[int],
+        steps_l: list[int],
+        sigs: list[tuple[int, Signal]],
+        batch: OpenOrder,
+    ) -> None:
+        """Open, grow and close detector ``i``'s episodes from its signals, as ``update``
+        would point by point: unflagged points only matter while an episode is open, and
+        only the first ``quiet`` of them (the episode is closed by then)."""
+        quiet = series.detectors[i].quiet
+        out: list[Anomaly] = []
+
+        def unflagged(n: int) -> None:
+            """``n`` unflagged points in a row (their step does not matter then)."""
+            for _ in range(min(n, quiet)):
+                if series.open[i] is None:
+                    return
+                self._judge(series, i, 0, None, out, batch)
+
+        prev = -1
+        for k, sig in sigs:
+            unflagged(k - prev - 1)
+            batch.row = rows_l[k]
+            self._judge(series, i, steps_l[k], sig, out, batch)
+            prev = k
+            if len(out) > 256:
+                out.clear()
+        unflagged(len(steps_l) - prev - 1)
+
+    def _nonfinite(
+        self,
+        series: Series,
+        rows_l: list[int],
+        steps_l: list[int],
+        values_l: list[float],
+        bad: list[int],
+        batch: OpenOrder,
+    ) -> None:
+        """Detector 0 (NonFinite) only speaks on non-finite points: visit just those, and
+        count the finite points between them as the quiet that closes an episode."""
+        det = series.detectors[0]
+        out: list[Anomaly] = []
+        # An episode open from an earlier batch has had series.quiet[0] quiet points already.
+        last = -1 - (series.quiet[0] if series.open[0] is not None else 0)
+        for k in bad:
+            if series.open[0] is not None and k - last - 1 >= det.quiet:
+                series.close(0, recovered=True)
+            batch.row = rows_l[k]
+            try:
+                sig = det.update(steps_l[k], values_l[k])
+            except Exception:
+                self._failed(series, det, steps_l[k])
+                sig = None
+            self._judge(series, 0, steps_l[k], sig, out, batch)
+            last = k
+        if series.open[0] is not None:
+            tail = len(values_l) - 1 - last
+            if tail >= det.quiet:
+                series.close(0, recovered=True)
+            else:
+                series.quiet[0] = tail
+
+    def _link_deferred(self, batch: OpenOrder) -> None:
+        """A batch's spike episodes linked to their precursors in row order, as ``update``
+        would have linked them; the links are listed after the spike that made them."""
+        for row, series, step, ep in sorted(batch.deferred, key=lambda d: d[0]):
+            out: list[Anomaly] = []
+            self._link_precursor(series, step, ep, out)
+            idx = next(i for i, d in enumerate(series.detectors) if d.name == "spike")
+            for a in out:
+                batch.order[id(a)] = (row, idx, 1)
+
+    def _failed(self, series: Series, det: Detector, step: int) -> None:
         # A runwatch bug must never kill a training run: log it, count it, go on.
         self._n_errors += 1
         if self._n_errors <= 10:
             log.exception("detector %s failed on %s step %s", det.name, series.key, step)
 
-    def _handle(
-        self, series: _Series, i: int, det: Detector, step: int, sig: Signal | None, out: list
+    def _judge(
+        self,
+        series: Series,
+        i: int,
+        step: int,
+        sig: Signal | None,
+        out: list[Anomaly],
+        batch: OpenOrder | None = None,
     ) -> None:
-        """Open, grow or close detector ``i``'s episode after its verdict ``sig``."""
-        ep = series.open[i]
-        if sig is not None:
-            series.quiet[i] = 0
-            if ep is None:
-                ep = self._open(series, det, step, sig)
-                series.open[i] = ep
-                out.append(ep)
-                if det.name == "spike":
-                    if self._deferred is None:
-                        self._link_precursor(series, step, ep, out)
-                    else:
-                        self._deferred.append((self._row, series, step, ep))
+        """Detector ``i``'s verdict on one point into its episode; record an episode that
+        opens and link a spike to its precursor (in a batch: once all series are fed)."""
+        ep = series.judge(i, step, sig, out)
+        if ep is None:
+            return
+        self._anomalies.append(ep)
+        if batch is not None:
+            batch.order[id(ep)] = (batch.row, i, 0)
+        if ep.detector == "spike":
+            if batch is None:
+                self._link_precursor(series, step, ep, out)
             else:
-                self._grow(ep, step, sig)
-                out.append(ep)
-        elif ep is not None:
-            series.quiet[i] += 1
-            if series.quiet[i] >= det.quiet:
-                ep.is_open = False
-                ep.details["recovered"] = True
-                series.open[i] = None
-                out.append(ep)
+                batch.deferred.append((batch.row, series, step, ep))
 
     def event(self, event: Event) -> list[Anomaly]:
         """Take a run event; after ``restart``/``resume`` steps may go back."""
@@ -267,17 +422,15 @@ class Monitor:
         for s in self._series.values():
             for i, ep in enumerate(s.open):
                 if ep is not None:
-                    ep.is_open = False
-                    ep.details["recovered"] = s.quiet[i] > 0
-                    s.open[i] = None
+                    s.close(i, recovered=s.quiet[i] > 0)
                     out.append(ep)
         return out
 
     # ------------------------------------------------------------------ internals
-    def _new_series(self, metric: str, lk: tuple[Any, ...]) -> _Series:
+    def _new_series(self, metric: str, lk: tuple[Any, ...]) -> Series:
         role = role_of(metric, self.config)
         labels = {k: v for k, v in zip(LABEL_KEYS, lk, strict=True) if v is not None}
-        s = _Series(metric, labels, role, DEFAULT_DETECTORS[role]())
+        s = Series(metric, labels, role, DEFAULT_DETECTORS[role]())
         self._series[(metric, lk)] = s
         if role == "lr" and self._lr_series is None:
             self._lr_series = s
@@ -291,55 +444,7 @@ class Monitor:
         log.debug("new series %s with role %s", s.key, role)
         return s
 
-    def _open(self, s: _Series, det: Detector, step: int, sig: Signal) -> Anomaly:
-        details = dict(sig.details)
-        details["role"] = s.role
-        details["points"] = 1
-        details["first_observed"] = sig.observed
-        a = Anomaly(
-            detector=det.name,
-            metric=s.metric,
-            start_step=step,
-            end_step=step,
-            severity=sig.severity,
-            score=_finite(sig.score),
-            observed=sig.observed,
-            message=sig.message,
-            labels=dict(s.labels),
-            expected=sig.expected,
-            lower=sig.lower,
-            upper=sig.upper,
-            details=details,
-        )
-        self._anomalies.append(a)
-        if self._deferred is not None:
-            self._order[id(a)] = (self._row, s.detectors.index(det), 0)
-        return a
-
-    @staticmethod
-    def _grow(a: Anomaly, step: int, sig: Signal) -> None:
-        if step > a.end_step:
-            a.end_step = step
-        a.details["points"] += 1
-        if _RANK[sig.severity] > _RANK[a.severity]:
-            a.severity = sig.severity
-        score = _finite(sig.score)
-        if score > a.score:
-            # Keep the worst point's view of the episode.
-            a.score = score
-            a.observed, a.expected = sig.observed, sig.expected
-            a.lower, a.upper = sig.lower, sig.upper
-            a.message = sig.message
-            peak = a.details.get("peak_ratio")
-            a.details.update(sig.details)
-            if peak is not None and not (sig.details.get("peak_ratio", 0) >= peak):
-                a.details["peak_ratio"] = peak
-        else:
-            for k in ("duration", "peak_ratio", "peak", "adapted"):
-                if k in sig.details:
-                    a.details[k] = sig.details[k]
-
-    def _link_precursor(self, s: _Series, step: int, ep: Anomaly, out: list[Anomaly]) -> None:
+    def _link_precursor(self, s: Series, step: int, ep: Anomaly, out: list[Anomaly]) -> None:
         lk = tuple(s.labels.get(k) for k in LABEL_KEYS)
         if s.role == "grad_norm":
             self._gn_spike[lk] = (step, ep)
@@ -379,7 +484,3 @@ class Monitor:
         )
         self._anomalies.append(a)
         return a
-
-
-def _finite(x: float) -> float:
-    return x if math.isfinite(x) else 1000.0

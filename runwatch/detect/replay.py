@@ -16,18 +16,18 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from runwatch.detect.batch import feed_batch, fold_codes
 from runwatch.detect.monitor import Monitor
+from runwatch.detect.rows import fold_codes
 from runwatch.model import LABEL_KEYS, Anomaly, Event, label_value
 
 
 def _batch(mon: Monitor, points: ReplayInput, progress: Callable[[int], None] | None) -> bool:
     """Feed ``points`` into a fresh ``mon`` by the batch path; False if it cannot (then
     nothing was fed and the caller streams instead)."""
-    if mon._series or len(mon._anomalies):
+    if mon.health["points"] or mon.anomalies:
         return False
-    found = feed_batch(
-        mon, points.metric, points.labels, points.steps, points.values, progress, points.series
+    found = mon.update_batch(
+        points.metric, points.labels, points.steps, points.values, progress, points.series
     )
     return found is not None
 
@@ -140,7 +140,7 @@ def analyze_frame(
     ``events`` (columns kind, step[, time, message]) are fed before the first point of
     their step, so a ``restart``/``resume`` lets the steps after it go back.
     Pass ``monitor`` to read its ``health`` afterwards. ``fast`` runs the batch path
-    (``runwatch.detect.batch``: same code, series by series, identical anomalies); with
+    (``Monitor.update_batch``: same code, series by series, identical anomalies); with
     ``fast=False`` every row goes through ``Monitor.update`` as it would live.
     ``progress`` is told how many points were replayed so far, now and then (a long
     replay's progress bar).
@@ -173,7 +173,7 @@ def replay(
     metric, step_arr, value = points.metric, points.steps, points.values
     if fast and _batch(mon, points, progress):
         # Events cannot change a replay in step order (steps never go back), so the batch
-        # path ignores them; see runwatch.detect.batch.
+        # path ignores them; see ``Monitor.update_batch``.
         mon.finish()
         return mon.anomalies
     label_cols = list(points.labels)

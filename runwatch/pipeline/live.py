@@ -6,8 +6,8 @@ them from the store (by step, then by series), so ``runwatch analyze`` on the fi
 finds the same anomalies as were found live. Episodes are saved as they open, grow and close
 (source ``live``), through the detection thread's own store connection.
 
-Each series of a batch goes through its detectors at once (``runwatch.detect.batch.
-feed_batch``: exactly what ``Monitor.update`` row by row gives, about ten times cheaper);
+Each series of a batch goes through its detectors at once (``Monitor.
+update_batch``: exactly what ``Monitor.update`` row by row gives, and much cheaper);
 a batch in which a series goes back (a restart) goes row by row.
 
 Why a thread of its own: detection costs about as much per point as writing (~0.6 us each,
@@ -193,18 +193,16 @@ class LiveDetection:
         times: list[float],
     ) -> list[Anomaly]:
         """The batch's points, in replay order, through the Monitor: each series at once
-        (``runwatch.detect.batch.feed_batch``, what ``update`` row by row gives, ~10x
+        (``Monitor.update_batch``, what ``update`` row by row gives, and much
         cheaper), or row by row when the batch rewinds a series (a restart)."""
         import numpy as np
-
-        from runwatch.detect.batch import feed_batch
 
         metric = np.array([m for m, _ in names], dtype=object)[rows]
         keys = sorted({k for _, labels in names for k in labels if k in LABEL_KEYS})
         label_cols = {
             k: np.array([labels.get(k) for _, labels in names], dtype=object)[rows] for k in keys
         }
-        found = feed_batch(self.monitor, metric, label_cols, steps, values)
+        found = self.monitor.update_batch(metric, label_cols, steps, values)
         if found is not None:
             return found
         out: list[Anomaly] = []

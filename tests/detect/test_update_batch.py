@@ -1,6 +1,6 @@
-"""``feed_batch`` (live detection's path) equals ``Monitor.update`` row by row, batch after
-batch, on a Monitor that already holds state: episodes open across batches, the LR clock,
-precursor links, and the episodes each batch reports as changed."""
+"""``Monitor.update_batch`` (live detection's path) equals ``Monitor.update`` row by row,
+batch after batch, on a Monitor that already holds state: episodes open across batches, the
+LR clock, precursor links, and the episodes each batch reports as changed."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pandas as pd
 import pytest
 
 from runwatch.detect import Monitor
-from runwatch.detect.batch import feed_batch
 from runwatch.model import LABEL_KEYS
 
 from .conftest import canon, loss_curve, real_run
@@ -77,7 +76,7 @@ def _stream_chunk(m: Monitor, metric, labels, steps, values) -> list[str]:
 @pytest.mark.parametrize(
     "name", ["scenario", "mng_llmc_gpt2_124m", "mlm_mixtral_8x7b_h100", "mng_soap_6k"]
 )
-def test_feed_batch_in_random_batches_equals_streaming(name):
+def test_update_batch_in_random_batches_equals_streaming(name):
     df = scenario() if name == "scenario" else ordered(real_run(name))
     metric, labels, steps, values = rows_of(df)
     rng = np.random.default_rng(5)
@@ -89,8 +88,8 @@ def test_feed_batch_in_random_batches_equals_streaming(name):
     fast, slow = Monitor(), Monitor()
     for a, b in itertools.pairwise(cuts):
         part = slice(a, b)
-        got = feed_batch(
-            fast, metric[part], {k: v[part] for k, v in labels.items()}, steps[part], values[part]
+        got = fast.update_batch(
+            metric[part], {k: v[part] for k, v in labels.items()}, steps[part], values[part]
         )
         assert got is not None
         want = _stream_chunk(slow, metric[part], labels and {k: v[part] for k, v in labels.items()},
@@ -109,11 +108,11 @@ def test_a_batch_that_goes_back_is_refused_untouched():
     metric, labels, steps, values = rows_of(df)
     m = Monitor()
     first = slice(0, 20_000)
-    assert feed_batch(m, metric[first], {k: v[first] for k, v in labels.items()},
+    assert m.update_batch(metric[first], {k: v[first] for k, v in labels.items()},
                       steps[first], values[first]) is not None  # fmt: skip
     before = (state(m), canon(m.anomalies), m.health)
     redo = slice(10_000, 12_000)  # steps already seen: a restart's redone steps
-    assert feed_batch(m, metric[redo], {k: v[redo] for k, v in labels.items()},
+    assert m.update_batch(metric[redo], {k: v[redo] for k, v in labels.items()},
                       steps[redo], values[redo]) is None  # fmt: skip
     assert (state(m), canon(m.anomalies), m.health) == before
 
@@ -129,12 +128,12 @@ def test_points_after_a_restart_event_close_the_rewind_window_as_streaming_does(
     head, tail = slice(0, 10_000), slice(10_000, 12_000)
     for part in (head,):
         cols = {k: v[part] for k, v in labels.items()}
-        feed_batch(fast, metric[part], cols, steps[part], values[part])
+        fast.update_batch(metric[part], cols, steps[part], values[part])
         _stream_chunk(slow, metric[part], cols, steps[part], values[part])
     for m in (fast, slow):
         m.event(Event(kind="restart", step=int(steps[10_000]), time=0.0))
     cols = {k: v[tail] for k, v in labels.items()}
-    assert feed_batch(fast, metric[tail], cols, steps[tail], values[tail]) is not None
+    assert fast.update_batch(metric[tail], cols, steps[tail], values[tail]) is not None
     _stream_chunk(slow, metric[tail], cols, steps[tail], values[tail])
     for m in (fast, slow):
         m.update("loss", {}, 5, 9.0)  # a late point, not a restart
