@@ -1,4 +1,4 @@
-"""The ``runwatch`` command: a public contract (DESIGN.md, "Command line").
+"""The ``runwatch`` command: a public contract (docs/architecture.md, "Contracts").
 
 Exit codes: 0 fine, 1 anomalies at or above ``--fail-on``, 2 bad usage or input. Errors are
 one line on stderr naming what was wrong (the file and line, the run, the store); never a

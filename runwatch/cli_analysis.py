@@ -1,6 +1,6 @@
 """``runwatch analyze`` and ``runwatch forecast``: printing what the analysis found.
 
-The JSON shapes are a public contract (DESIGN.md): one object per anomaly per line for
+The JSON shapes are a public contract (docs/architecture.md): one object per anomaly per line for
 analyze, one object for forecast; tables are for people and may change.
 """
 

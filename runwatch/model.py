@@ -1,4 +1,4 @@
-"""The data model's shared records (DESIGN.md, "Data model").
+"""The data model's shared records (docs/architecture.md, "Contracts").
 
 These small dataclasses are the contract between the hook, the store, the detectors and the
 command line: every module that hands an event or an anomaly to another uses these, so a
@@ -141,7 +141,7 @@ class Anomaly:
     details: dict[str, Any] = field(default_factory=dict)
 
     def to_json_dict(self, run: str) -> dict[str, Any]:
-        """The ``runwatch analyze --format json`` object (DESIGN.md): a public contract."""
+        """The ``runwatch analyze --format json`` object (docs/architecture.md): a public contract."""
         return {
             "run": run,
             "detector": self.detector,

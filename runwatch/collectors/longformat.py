@@ -1,4 +1,4 @@
-"""The long format (DESIGN.md, "Long format"): streaming reader and writer, CSV or JSONL.
+"""The long format (docs/architecture.md, "Contracts"): streaming reader and writer, CSV or JSONL.
 
 One row per point: ``run,step,metric,value`` required, ``time`` (Unix seconds), ``rank``,
 ``host``, ``gpu`` optional. It is what ``runwatch import`` reads and ``runwatch export``

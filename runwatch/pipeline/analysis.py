@@ -271,7 +271,7 @@ def forecast_json(
     reference: str | None = None,
     align: str = "step",
 ) -> dict[str, Any]:
-    """The ``runwatch forecast --format json`` object (DESIGN.md): a public contract.
+    """The ``runwatch forecast --format json`` object (docs/architecture.md): a public contract.
 
     The DESIGN keys always; ``target``/``target_step`` only with a target, and
     ``reference``/``align`` only with a reference run (extensions, so a script written

@@ -6,7 +6,7 @@ series name and labels once per batch instead of once per point, and the arrays 
 into NumPy. Values may be JSON ``NaN``, ``Infinity`` and ``-Infinity`` (as Python's ``json``
 writes them), because a NaN loss is a signal, not a gap.
 
-Numbers are validated strictly, with two fixes found by schemathesis (ENVIRONMENT.md): a JSON
+Numbers are validated strictly, with two fixes found by schemathesis: a JSON
 ``true`` is never a number, and ``3.0`` is an integer (JSON Schema says so). Validation runs in
 pydantic-core straight from the bytes (``validate_json``), 3x faster than ``json.loads``.
 """
@@ -79,7 +79,7 @@ class _Model(BaseModel):
 
 
 class Labels(_Model):
-    """Series labels, as in Prometheus (DESIGN.md: rank, host, gpu)."""
+    """Series labels, as in Prometheus (rank, host, gpu)."""
 
     rank: Rank = None
     host: Host = None

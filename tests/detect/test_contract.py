@@ -1,4 +1,4 @@
-"""Contract tests over every detector class (STYLE.md: river's habit)."""
+"""Contract tests over every detector class (a habit of online-ml/river)."""
 
 from __future__ import annotations
 
