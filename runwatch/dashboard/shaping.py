@@ -10,11 +10,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.signal import lfilter
 
 from runwatch.detect.roles import role_of
 
@@ -73,7 +73,10 @@ def ema(values: np.ndarray | pd.Series, weight: float) -> np.ndarray:
     ok = np.isfinite(x)
     finite = x[ok]
     if finite.size:
-        smooth = lfilter([1.0 - weight], [1.0, -weight], finite)
+        # s[k] = (1 - w) x[k] + w s[k-1]: the same float operations as scipy.signal.lfilter,
+        # without importing scipy.signal (slow to import) for this one call.
+        steps = accumulate(((1.0 - weight) * finite).tolist(), lambda s, v: v + weight * s)
+        smooth = np.fromiter(steps, dtype=np.float64, count=finite.size)
         debias = 1.0 - weight ** np.arange(1, finite.size + 1)
         out[ok] = smooth / debias
     return out
