@@ -9,13 +9,18 @@ chart), guarantees that every extreme survives, in at most ``max_points`` points
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported where frames are built: the hook's writes need none
 
 
 def minmax_downsample(frame: pd.DataFrame, max_points: int, x: str = "step") -> pd.DataFrame:
     """Return at most ``max_points`` rows of ``frame`` (sorted by ``x``) keeping extremes.
 
+    >>> import pandas as pd
     >>> steps = np.arange(1_000_000)
     >>> values = np.ones(1_000_000); values[123_457] = 50.0; values[777] = np.nan
     >>> small = minmax_downsample(pd.DataFrame({"step": steps, "value": values}), 4000)

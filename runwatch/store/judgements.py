@@ -12,11 +12,12 @@ import json
 import sqlite3
 import time
 from collections.abc import Iterable
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from runwatch.model import Anomaly, severity_rank
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported where frames are built: the hook's writes need none
 
 VERDICTS = ("benign", "real", "watch")
 ANOMALY_SOURCES = ("live", "replay")
@@ -105,6 +106,8 @@ class JudgementTables:
         min_severity: str | None = None,
     ) -> pd.DataFrame:
         """Anomalies (with the run name and the latest verdict on each), newest step last."""
+        import pandas as pd
+
         sql = """
             SELECT a.id, r.name AS run, a.source, a.detector, a.metric, a.labels, a.start_step,
                    a.end_step, a.severity, a.score, a.observed, a.expected, a.lower, a.upper,
@@ -161,6 +164,8 @@ class JudgementTables:
             return int(cur.lastrowid)  # type: ignore[arg-type]
 
     def verdicts(self, anomaly_id: int | None = None) -> pd.DataFrame:
+        import pandas as pd
+
         sql = "SELECT id, anomaly_id, incident_id, verdict, note, author, time FROM verdicts"
         params: tuple[Any, ...] = ()
         if anomaly_id is not None:
@@ -184,6 +189,8 @@ class JudgementTables:
 
     def expected_curve(self, run: str | int, metric: str) -> tuple[dict[str, Any], pd.DataFrame]:
         """(model, upto, final_step) and the curve frame; an empty frame when none is stored."""
+        import pandas as pd
+
         run_id = self._resolve(run)  # type: ignore[attr-defined]
         with self._lock:  # type: ignore[attr-defined]
             row = self._conn.execute(

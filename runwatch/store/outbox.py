@@ -19,9 +19,11 @@ import sqlite3
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd  # imported where frames are built: the hook's writes need none
+
 
 OUTBOX_STATUSES = ("pending", "sent", "failed")
 
@@ -146,6 +148,8 @@ class OutboxTables:
 
     def outbox(self, status: str | None = None, channel: str | None = None) -> pd.DataFrame:
         """Outbox rows (without payloads): id, key, channel, summary, status, attempts, times."""
+        import pandas as pd
+
         sql = (
             "SELECT id, idempotency_key, channel, summary, status, attempts, next_try, created, "
             "sent_at, last_error FROM alert_outbox WHERE 1 = 1"
@@ -172,6 +176,8 @@ class OutboxTables:
         return json.loads(row[0])
 
     def alert_attempts(self, outbox_id: int | None = None) -> pd.DataFrame:
+        import pandas as pd
+
         sql = "SELECT outbox_id, time, ok, detail FROM alert_attempts"
         params: tuple[Any, ...] = ()
         if outbox_id is not None:

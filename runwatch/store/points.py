@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from runwatch.store.codec import decode_block, encode_block
 from runwatch.store.downsample import first_flagged, segment_argext
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported where frames are built: the hook's writes need none
 
 SEAL_POINTS = 4096
 """Points per sealed block: large enough to compress well, small enough to read selectively."""
@@ -261,6 +264,8 @@ def read_blocks(
     ``summaries=True`` reads sealed blocks as their summaries (callers check they exist).
     ``attempt`` reads only that attempt's blocks (the others are not decoded).
     """
+    import pandas as pd
+
     arrays = read_arrays(conn, series_ids, start, end, summaries=summaries, attempt=attempt)
     return pd.DataFrame(arrays, copy=False)
 
@@ -276,6 +281,8 @@ def _empty_arrays() -> dict[str, np.ndarray]:
 
 
 def empty_points() -> pd.DataFrame:
+    import pandas as pd
+
     return pd.DataFrame(_empty_arrays())
 
 
@@ -284,10 +291,13 @@ def mark_superseded(points: pd.DataFrame, attempt_starts: dict[int, int | None])
 
     ``attempt_starts`` maps attempt -> the first step it logged (None: logged nothing yet).
 
+    >>> import pandas as pd
     >>> pts = pd.DataFrame({"step": [1, 2, 3, 2, 3], "attempt": [1, 1, 1, 2, 2]})
     >>> mark_superseded(pts, {1: 1, 2: 2}).tolist()
     [False, True, True, False, False]
     """
+    import pandas as pd
+
     mask = superseded_mask(points["step"].to_numpy(), points["attempt"].to_numpy(), attempt_starts)
     return pd.Series(mask, index=points.index)
 

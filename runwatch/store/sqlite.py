@@ -20,10 +20,9 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from runwatch.model import LABEL_KEYS, RUN_STATUSES, Event
 from runwatch.store.downsample import minmax_downsample
@@ -46,6 +45,9 @@ from runwatch.store.points import (
 from runwatch.store.points import read_blocks as _read_blocks
 from runwatch.store.schema import migrate
 from runwatch.store.status import StatusTables
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported where frames are built: the hook's writes need none
 
 log = logging.getLogger("runwatch.store")
 
@@ -286,6 +288,8 @@ class Store(JudgementTables, OutboxTables, IngestTables, StatusTables):
 
     def runs(self) -> pd.DataFrame:
         """One row per run: name, project, status, times, last step, attempts, points."""
+        import pandas as pd
+
         sql = """
             SELECT r.id AS run_id, r.name, r.project, r.status, r.start_time, r.end_time,
                    r.last_step, r.last_time, r.config,
@@ -298,6 +302,8 @@ class Store(JudgementTables, OutboxTables, IngestTables, StatusTables):
             return pd.read_sql_query(sql, self._conn)
 
     def attempts(self, run: str | int) -> pd.DataFrame:
+        import pandas as pd
+
         run_id = self._resolve(run)
         with self._lock:
             return pd.read_sql_query(
@@ -353,6 +359,8 @@ class Store(JudgementTables, OutboxTables, IngestTables, StatusTables):
 
     def series(self, run: str | int) -> pd.DataFrame:
         """The run's series: series_id, metric, one column per label, points stored."""
+        import pandas as pd
+
         run_id = self._resolve(run)
         with self._lock:
             rows = self._conn.execute(
@@ -477,6 +485,8 @@ class Store(JudgementTables, OutboxTables, IngestTables, StatusTables):
         (redone steps, for drawing them faded). ``max_points`` downsamples keeping each
         bucket's min, max and first NaN, so no spike is lost.
         """
+        import pandas as pd
+
         run_id = self._resolve(run)
         with self._lock:
             sid = self._read_series_id(run_id, metric, labels)
@@ -523,6 +533,8 @@ class Store(JudgementTables, OutboxTables, IngestTables, StatusTables):
         Reads only the blocks that can hold them, so drawing a restart's redone steps on a
         million-step chart does not decode the whole earlier attempt.
         """
+        import pandas as pd
+
         run_id = self._resolve(run)
         with self._lock:
             sid = self._read_series_id(run_id, metric, labels)
@@ -560,6 +572,8 @@ class Store(JudgementTables, OutboxTables, IngestTables, StatusTables):
         replay of this frame sees what the live Monitor saw. ``all_attempts=True`` returns
         every stored point in the order the attempts wrote them, with a ``superseded`` column.
         """
+        import pandas as pd
+
         run_id = self._resolve(run)
         catalogue = self.series(run_id)
         if metrics is not None:
@@ -585,6 +599,8 @@ class Store(JudgementTables, OutboxTables, IngestTables, StatusTables):
 
     # -- events ------------------------------------------------------------------------------
     def events(self, run: str | int, kinds: Sequence[str] | None = None) -> pd.DataFrame:
+        import pandas as pd
+
         run_id = self._resolve(run)
         sql = (
             "SELECT id, attempt, kind, step, time, rank, host, message, attrs FROM events "
