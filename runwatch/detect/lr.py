@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
-import numpy as np
+from runwatch.detect._lr_core import Kind, LRCore
+from runwatch.detect.base import Detector, Signal, check_lengths, check_number
 
-from runwatch.detect._lr_kernel import learn_quiet
-from runwatch.detect.base import Detector, Signal, check_number, kernel_loop
+_FOUND = {
+    Kind.TO_ZERO: ("warning", "lr dropped to zero"),
+    Kind.JUMP_UP: ("warning", "lr jumped up"),
+    Kind.DROP: ("info", "lr dropped abruptly"),
+}
+"""Severity and wording of each kind of departure from the schedule."""
 
 
 class LRSanity(Detector):
@@ -32,6 +36,27 @@ class LRSanity(Detector):
     Baseline protection: flagged points do not move the prediction line, so a jumped LR
     stays flagged while it lasts. The cost: a deliberate new schedule (cosine with warm
     restarts) is flagged until ``adapt_after`` points, then accepted.
+
+    State and step are compiled (``LRCore``); this class validates, and words signals.
+
+    Parameters
+    ----------
+    jump_tol : float
+        Residual, as a share of the peak LR, beyond which a point is off its schedule
+        (>= 0).
+    zero_frac : float
+        Share of the peak LR at or below which the LR counts as zero (0 to 1).
+    zero_from : float
+        Share of the peak LR the previous point must be above for a fall to zero to be
+        abrupt (``zero_frac`` to 1).
+    slope_points : int
+        Accepted points whose line predicts the next (>= 2).
+    min_points : int
+        Points learned before anything is judged (>= ``slope_points``).
+    adapt_after : int
+        Consecutive flagged points after which the new schedule is accepted (>= 1).
+    zero_run : int
+        Points of an LR never above zero after which that is a warning (>= 1).
 
     >>> d = LRSanity()
     >>> lrs = [min(1.0, (i + 1) / 50) * 3e-4 for i in range(200)]
@@ -72,87 +97,28 @@ class LRSanity(Detector):
         super().__init__()
 
     def _reset(self) -> None:
-        self._steps: list[int] = []
-        self._vals: list[float] = []
-        self._n = 0
-        self._peak = 0.0
-        self._flagged = 0
-        self._zero = False
+        self._core = LRCore(
+            self.jump_tol,
+            self.zero_frac,
+            self.zero_from,
+            self.slope_points,
+            self.min_points,
+            self.adapt_after,
+            self.zero_run,
+        )
 
     @property
     def peak(self) -> float:
         """The highest accepted LR so far."""
-        return self._peak
-
-    def _learn(self, step: int, value: float) -> None:
-        self._steps.append(step)
-        self._vals.append(value)
-        if len(self._vals) > self.slope_points:
-            del self._steps[0]
-            del self._vals[0]
-        self._n += 1
-        if value > self._peak:
-            self._peak = value
+        return self._core.peak
 
     def rewind(self, step: int) -> None:
         # A resume restarts the schedule from the checkpoint: predict afresh.
-        self._steps.clear()
-        self._vals.clear()
+        self._core.rewind()
 
     def update(self, step: int, value: float) -> Signal | None:
-        if not math.isfinite(value):
-            return None
-        if self._peak <= 0 and value <= 0:
-            # Never above zero yet: a warmup from 0 leaves this at once, a missing LR not.
-            self._learn(step, value)
-            if self._n < self.zero_run:
-                return None
-            return Signal(
-                "warning",
-                float(self._n),
-                value,
-                None,
-                None,
-                None,
-                f"lr has been {value:.3g} for all of the first {self._n} points: "
-                "the model is not learning",
-                {"points": self._n},
-            )
-        vals, steps = self._vals, self._steps
-        if self._n < self.min_points or len(vals) < 2:
-            self._learn(step, value)
-            return None
-        gap = steps[-1] - steps[0]
-        slope = (vals[-1] - vals[0]) / gap if gap > 0 else 0.0
-        pred = vals[-1] + slope * (step - steps[-1])
-        peak = self._peak
-        resid = (value - pred) / peak if peak > 0 else 0.0
-        last = vals[-1]
-        sig = None
-        if value <= self.zero_frac * peak:
-            if last > self.zero_from * peak or self._zero:
-                self._zero = True
-                sig = self._signal("warning", value, pred, resid, "lr dropped to zero")
-        elif resid > self.jump_tol:
-            sig = self._signal("warning", value, pred, resid, "lr jumped up")
-        elif resid < -self.jump_tol:
-            # Step-decay schedules drop like this: worth a look, not an alarm; learned.
-            self._learn(step, value)
-            self._flagged = 0
-            return self._signal("info", value, pred, resid, "lr dropped abruptly")
-        if sig is None:
-            self._flagged = 0
-            self._zero = False
-            self._learn(step, value)
-            return None
-        self._flagged += 1
-        if self._flagged >= self.adapt_after:
-            self._flagged = 0
-            self._zero = False
-            steps.clear()
-            vals.clear()
-            self._learn(step, value)
-        return sig
+        rec = self._core.update(step, value)
+        return None if rec is None else self._signal(value, *rec)
 
     def update_many(
         self,
@@ -160,26 +126,43 @@ class LRSanity(Detector):
         values: Sequence[float],
         on_error: Callable[[int], None] | None = None,
     ) -> list[tuple[int, Signal]]:
-        """``update`` point by point, with the points it only learns from done in compiled
-        code (``_lr_kernel.learn_quiet``: the same floats); each point it could flag goes
-        through ``update`` itself."""
+        """``update`` over many points (``Detector.update_many``), stepped by ``LRCore``."""
+        check_lengths(steps, values)
+        out = []
+        for i, rec in self._core.update_many(steps, values):
+            try:
+                out.append((i, self._signal(values[i], *rec)))
+            except Exception:
+                if on_error is None:
+                    raise
+                on_error(i)
+        return out
 
-        def start() -> Callable[[int], int]:
-            st = np.asarray(steps, dtype=np.int64)
-            vs = np.asarray(values, dtype=float)
-            return lambda i: learn_quiet(self, st, vs, i)
-
-        return kernel_loop(self, start, self.update, steps, values, on_error)
-
-    def _signal(self, sev: str, value: float, pred: float, resid: float, what: str) -> Signal:
-        tol = self.jump_tol * self._peak
+    def _signal(
+        self, value: float, kind: int, pred: float, resid: float, peak: float, n: int
+    ) -> Signal:
+        """The Signal of a flagged point from its ``LRCore`` record."""
+        if kind == Kind.NEVER_SET:
+            return Signal(
+                "warning",
+                float(n),
+                value,
+                None,
+                None,
+                None,
+                f"lr has been {value:.3g} for all of the first {n} points: "
+                "the model is not learning",
+                {"points": n},
+            )
+        severity, what = _FOUND[kind]
+        tol = self.jump_tol * peak
         return Signal(
-            sev,
+            severity,
             abs(resid),
             value,
             pred,
             max(pred - tol, 0.0),
             pred + tol,
             f"{what}: {value:.3g} where its schedule predicts {pred:.3g}",
-            {"relative_residual": resid, "peak_lr": self._peak},
+            {"relative_residual": resid, "peak_lr": peak},
         )

@@ -5,18 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-import numpy as np
-
-from runwatch.detect._spike_kernel import quiet_stretch
-from runwatch.detect.base import (
-    Detector,
-    Signal,
-    check_choice,
-    check_number,
-    kernel_loop,
-    robust_scale,
-)
-from runwatch.detect.spikescore import SpikeScore
+from runwatch.detect._spike_core import SpikeCore
+from runwatch.detect.base import Detector, Signal, check_choice, check_lengths, check_number
 
 
 class Spike(Detector):
@@ -43,6 +33,36 @@ class Spike(Detector):
     the new level (``details['adapted']``) and warms up again.
 
     Also keeps the OLMo 2 spike score of the series (``spike_score``), a run-level figure.
+    State and step are compiled (``SpikeCore``); this class validates, and words signals.
+
+    Parameters
+    ----------
+    threshold : float
+        Noise sigmas above the baseline median that open a spike (>= 0.5).
+    continue_threshold : float
+        Noise sigmas above it that keep a spike going (0.1 to ``threshold``).
+    window : int
+        Accepted values the noise scale is measured over (>= 4).
+    center_window : int
+        Accepted values the baseline median is taken over (1 to ``window``).
+    min_points : int
+        Values learned before anything is judged (``center_window`` to ``window``).
+    min_delta : float
+        Smallest deviation from the median (log or linear units) that is a spike (>= 0).
+    sustain : int
+        Points after which a spike of ``sustain_ratio`` is a warning (>= 1).
+    sustain_ratio : float
+        Peak over baseline that makes a lasting spike a warning (>= 1).
+    warn_ratio : float
+        Peak over baseline that makes any spike a warning (>= 1).
+    critical_ratio : float
+        Peak over baseline that makes a spike critical (>= ``warn_ratio``).
+    adapt_after : int
+        Consecutive flagged points after which the new level is accepted (>= 1).
+    space : {"auto", "log", "linear"}
+        Judge log values ("auto": while the series stays positive) or the values.
+    score_window : int
+        Rolling window of the spike score (>= 2).
 
     >>> import random
     >>> rng = random.Random(0)
@@ -102,91 +122,41 @@ class Spike(Detector):
         super().__init__()
 
     def _reset(self) -> None:
-        self._log = self.space != "linear"
-        self._buf: list[float] = []
-        self._scale = 0.0
-        self._since_scale = 0
-        self._run = 0
-        self._peak_dev = 0.0
-        self._peak_value = 0.0
-        self._n_spikes = 0
-        self._score = SpikeScore(self.score_window, 7.0)
+        self._core = SpikeCore(
+            self.threshold,
+            self.continue_threshold,
+            self.window,
+            self.center_window,
+            self.min_points,
+            self.min_delta,
+            self.adapt_after,
+            self.space == "log",
+            self.space == "linear",
+            self.score_window,
+        )
 
     @property
     def spike_score(self) -> float:
         """OLMo 2 spike score of the series: share of points > 7σ from the rolling mean."""
-        return self._score.score
+        return self._core.spike_score
 
     @property
     def n_spikes(self) -> int:
         """How many spikes (episodes inside this detector) were opened."""
-        return self._n_spikes
+        return self._core.n_spikes
 
     @property
     def in_spike(self) -> bool:
-        return self._run > 0
+        return self._core.in_spike
 
     @property
     def log_space(self) -> bool:
         """True while the detector works on log values (the series has stayed positive)."""
-        return self._log
-
-    def _learn(self, x: float) -> None:
-        buf = self._buf
-        buf.append(x)
-        if len(buf) > self.window:
-            del buf[0]
-        self._since_scale += 1
-        if self._since_scale >= 8 or len(buf) <= self.min_points:
-            self._since_scale = 0
-            self._scale = robust_scale(buf)
+        return self._core.log_space
 
     def update(self, step: int, value: float) -> Signal | None:
-        if not math.isfinite(value):
-            return None
-        self._score.update(value)
-        return self._judge(step, value)
-
-    def _judge(self, step: int, value: float) -> Signal | None:
-        """``update`` after the spike score has counted the (finite) value."""
-        if self._log and value <= 0:
-            if self.space == "log":
-                return None  # a log-space detector cannot judge a non-positive value
-            # A series that can be <= 0 (an RL loss) is judged in linear space from now on.
-            self._log = False
-            self._buf.clear()
-            self._run = 0
-        x = math.log(value) if self._log else value
-        buf = self._buf
-        if len(buf) < self.min_points:
-            self._learn(x)
-            return None
-        recent = sorted(buf[-self.center_window :])
-        k = len(recent)
-        center = recent[k // 2] if k % 2 else 0.5 * (recent[k // 2 - 1] + recent[k // 2])
-        scale = max(self._scale, 1e-12)
-        dev = x - center
-        z = dev / scale
-        thr = self.continue_threshold if self._run else self.threshold
-        if z < thr or dev < self.min_delta:
-            self._run = 0
-            self._learn(x)
-            return None
-        if not self._run:
-            self._n_spikes += 1
-            self._peak_dev = dev
-            self._peak_value = value
-        self._run += 1
-        if dev > self._peak_dev:
-            self._peak_dev, self._peak_value = dev, value
-        run = self._run
-        adapted = run >= self.adapt_after
-        if adapted:
-            # Accept the new level: the shift is real, stop shouting about it.
-            self._run = 0
-            buf.clear()
-            self._learn(x)
-        return self._signal(step, value, center, scale, z, run, adapted)
+        rec = self._core.update(step, value)
+        return None if rec is None else self._signal(value, *rec)
 
     def update_many(
         self,
@@ -194,46 +164,51 @@ class Spike(Detector):
         values: Sequence[float],
         on_error: Callable[[int], None] | None = None,
     ) -> list[tuple[int, Signal]]:
-        """``update`` point by point, with the quiet points done by a compiled loop.
-
-        Every point nothing is flagged on is learned, and the baseline median, the noise
-        scale and the test of the next point follow from the values alone:
-        ``quiet_stretch`` runs that loop in C (the same floats) and stops at the first
-        point that is flagged or ends log space, which goes through ``_judge``.
-        """
-
-        def start() -> Callable[[int], int]:
-            vals = np.asarray(values, dtype=float)
-            # The spike score sees every finite value whatever the detector decides:
-            # count them all at once; the points then skip it (``_judge``, not ``update``).
-            self._score.update_many(vals)
-            return lambda i: quiet_stretch(self, vals, i)
-
-        return kernel_loop(self, start, self._judge, steps, values, on_error)
+        """``update`` over many points (``Detector.update_many``), stepped by ``SpikeCore``."""
+        check_lengths(steps, values)
+        out = []
+        for i, rec in self._core.update_many(steps, values):
+            try:
+                out.append((i, self._signal(values[i], *rec)))
+            except Exception:
+                if on_error is None:
+                    raise
+                on_error(i)
+        return out
 
     def _signal(
-        self, step: int, value: float, center: float, scale: float, z: float, run: int, adapted
+        self,
+        value: float,
+        center: float,
+        scale: float,
+        z: float,
+        run: int,
+        adapted: bool,
+        peak_dev: float,
+        peak_value: float,
+        log: bool,
     ) -> Signal:
-        if self._log:
+        """The Signal of a flagged point from its ``SpikeCore`` record."""
+        if log:
             expected = _exp(center)
             lower = _exp(center - self.threshold * scale)
             upper = _exp(center + self.threshold * scale)
-            peak_ratio = _exp(self._peak_dev)
+            peak_ratio = _exp(peak_dev)
             ratio = value / expected
             lasting = run >= self.sustain and peak_ratio >= self.sustain_ratio
         else:
             expected, lower = center, center - self.threshold * scale
             upper = center + self.threshold * scale
             peak_ratio = ratio = math.nan  # without logs a ratio means nothing
-            lasting = run >= self.sustain and self._peak_dev >= 2 * self.threshold * scale
+            lasting = run >= self.sustain and peak_dev >= 2 * self.threshold * scale
         if peak_ratio >= self.critical_ratio:
             severity = "critical"
         elif peak_ratio >= self.warn_ratio or lasting:
             severity = "warning"
         else:
             severity = "info"
-        space = "log" if self._log else "linear"
-        size = f"x{ratio:.2f}, " if self._log else ""
+        space = "log" if log else "linear"
+        size = f"x{ratio:.2f}, " if log else ""
         msg = f"spike: {value:.4g} vs baseline {expected:.4g} ({size}{z:.1f} sigma)"
         if run > 1:
             msg += f", {run} points so far"
@@ -248,7 +223,7 @@ class Spike(Detector):
             {
                 "ratio": ratio,
                 "peak_ratio": peak_ratio,
-                "peak": self._peak_value,
+                "peak": peak_value,
                 "z": z,
                 "duration": run,
                 "space": space,

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
-import numpy as np
-
-from runwatch.detect._spike_kernel import score_many
+from runwatch.detect._spike_core import ScoreCore
 
 
 class SpikeScore:
@@ -16,7 +13,15 @@ class SpikeScore:
     OLMo 2 (Team OLMo, 2024) tracks this as a health figure for the loss and grad norm of a
     run: a stable run has a score near 0. Memory is the ring of the last ``window`` values;
     mean and variance come from running sums, rebuilt every ``window`` points so float
-    drift cannot build up over a 10M-step run.
+    drift cannot build up over a 10M-step run. The state and the step are compiled
+    (``ScoreCore``); ``Spike`` keeps the same score of its series.
+
+    Parameters
+    ----------
+    window : int
+        How many recent values the rolling mean and variance cover (>= 2).
+    sigmas : float
+        How far from the rolling mean, in standard deviations, a value is a spike (> 0).
 
     >>> s = SpikeScore(window=10, sigmas=3.0)
     >>> for i in range(40):
@@ -35,66 +40,26 @@ class SpikeScore:
         self._reset()
 
     def _reset(self) -> None:
-        self._ring: list[float] = []
-        self._pos = 0
-        self._sum = 0.0
-        self._sumsq = 0.0
-        self._since_rebuild = 0
-        self._n = 0
-        self._n_spikes = 0
+        self._core = ScoreCore(self.window, self.sigmas)
 
     @property
     def score(self) -> float:
         """Share of the points seen so far that were spikes (0 when none were seen)."""
-        return self._n_spikes / self._n if self._n else 0.0
+        n = self._core.n
+        return self._core.n_spikes / n if n else 0.0
 
     @property
     def n_spikes(self) -> int:
-        return self._n_spikes
+        return self._core.n_spikes
 
     @property
     def n(self) -> int:
-        return self._n
+        return self._core.n
 
     def update(self, value: float) -> bool:
         """Count one finite value; return True if it is a spike."""
-        if not math.isfinite(value):
-            return False
-        self._n += 1
-        if abs(value) > 1e100:
-            # Squares would overflow the running sums: a spike, kept out of the window.
-            self._n_spikes += 1
-            return True
-        ring = self._ring
-        k = len(ring)
-        spike = False
-        if k >= 2:
-            mean = self._sum / k
-            var = max(self._sumsq / k - mean * mean, 0.0)
-            spike = var > 0 and abs(value - mean) > self.sigmas * math.sqrt(var)
-        if spike:
-            self._n_spikes += 1
-        if k < self.window:
-            ring.append(value)
-        else:
-            old = ring[self._pos]
-            ring[self._pos] = value
-            self._pos = (self._pos + 1) % self.window
-            self._sum -= old
-            self._sumsq -= old * old
-        self._sum += value
-        self._sumsq += value * value
-        self._since_rebuild += 1
-        if self._since_rebuild >= self.window:
-            self._since_rebuild = 0
-            self._sum = math.fsum(ring)
-            self._sumsq = math.fsum(v * v for v in ring)
-        return spike
+        return self._core.update(value)
 
     def update_many(self, values: Sequence[float]) -> int:
-        """``update`` over many values in order, compiled; return how many spikes.
-
-        Bit for bit what ``update`` gives: the same additions to the running sums in
-        the same order, and ``math.fsum``'s algorithm at each rebuild.
-        """
-        return score_many(self, np.asarray(values, dtype=float))
+        """``update`` over many values in order, compiled; return how many spikes."""
+        return self._core.update_many(values)

@@ -202,8 +202,8 @@ def test_state_stays_bounded_over_a_very_long_run():
     spike = next(d for d in dets if isinstance(d, Spike))
     div = next(d for d in dets if isinstance(d, Divergence))
     dev = next(d for d in dets if isinstance(d, CurveDeviation))
-    assert len(spike._buf) <= spike.window
-    assert len(spike._score._ring) <= spike.score_window
+    assert len(spike._core.baseline) <= spike.window
+    assert len(spike._core.score_window) <= spike.score_window
     assert len(div._blocks) <= div.ref_blocks
     assert len(dev._bins) < 200
     stall = next(d for d in dets if isinstance(d, Stall))
