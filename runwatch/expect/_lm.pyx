@@ -1,12 +1,12 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
 """The expected-curve fits' bounded Levenberg-Marquardt solver, compiled.
 
-Every expected-curve refit runs this loop (two fits a refit, ~25 iterations each, on a
-dozen or two binned points): in Python floats it was ~18% of a batch replay of the real
-runs. It is written here operation for operation as the Python solver it replaces did
-it (the same sums in the same order, ``pow`` for ``**``, Python's ``max``/``min``
-tie-breaking), so the fitted curves, and the anomalies that follow from them, did not
-change (the real-run golden file pins them).
+Every expected-curve refit (CurveDeviation, live and in replay) and every forecast runs
+this loop: a few dozen iterations on a dozen or two binned points, where per-call
+overhead outweighs the arithmetic; ``scipy.optimize.least_squares`` on the same problems
+is much slower and fits no better overall (``bench/README-fit-solver.md``). It keeps the
+floats of the Python solver it replaced (the same sums in the same order, ``pow`` for
+``**``, Python's ``max``/``min`` tie-breaking), which the real-run golden file pins.
 
 Two models, both under scipy's soft-L1 loss ρ(r²) = 2f²(√(1 + r²/f²) − 1), with
 analytic Jacobians (see ``solve``):
@@ -221,13 +221,12 @@ def solve(const double[::1] xs, const double[::1] ys, sws, p0, lo, hi, double f2
     ``xs``, ``ys``: the points (scaled steps, or forward areas for the area law);
     ``sws``: square roots of their weights, or None for weights of 1; ``zs``: the
     annealing areas of the LR-area law, None for the power law. The robust loss enters as
-    in scipy
-    (``_normal_equations``). A parameter on a bound whose gradient pushes it outward is
-    held there for that step, and one whose bounds are equal is held for good; steps are
-    clipped into the box [``lo``, ``hi``]. Only steps
-    that lower the cost are taken, so the result is never worse than ``p0``; the damping
-    follows Nielsen's update. Stops after ``max_iter`` steps, when a step gains less than
-    ``ftol`` of the cost, or when no parameter moves.
+    in scipy (``_normal_equations``). A parameter on a bound whose gradient pushes it
+    outward is held there for that step, and one whose bounds are equal is held for good;
+    steps are clipped into the box [``lo``, ``hi``]. Only steps that lower the cost are
+    taken, so the result is never worse than ``p0``; the damping follows Nielsen's update.
+    Stops after ``max_iter`` steps, when a step gains less than ``ftol`` of the cost, or
+    when no parameter moves.
     """
     cdef Problem pb
     cdef Py_ssize_t n = xs.shape[0]

@@ -19,7 +19,7 @@ from functools import cache
 
 import numpy as np
 
-from runwatch.expect._lrclock import advance
+from runwatch.expect._lrclock import Areas
 from runwatch.expect.lrlaw import DECAY
 
 MAX_GAP = 50_000
@@ -30,20 +30,10 @@ State = tuple[int, float, float, float, float]
 
 
 @cache
-def _decay_sums() -> tuple[float, ...]:
-    """g(k) = λ + λ² + ... + λ^k for k = 0..MAX_GAP: a flat LR adds m·g(k) to S2."""
-    lam = DECAY
-    return tuple(lam * (1.0 - lam**k) / (1.0 - lam) for k in range(MAX_GAP + 1))
-
-
-@cache
-def _decay_sums_array() -> np.ndarray:
-    """``_decay_sums`` as an array, for ``areas_at`` (made once, not per call)."""
-    return np.asarray(_decay_sums())
-
-
-def _g(k: int) -> float:
-    return _decay_sums()[min(k, MAX_GAP)]
+def _areas() -> Areas:
+    """The recurrences (compiled, ``_lrclock.pyx``), made on first use: their table of
+    decay sums is not worth forming for a run that logs no LR."""
+    return Areas(DECAY, MAX_GAP)
 
 
 class LRClock:
@@ -51,6 +41,11 @@ class LRClock:
 
     Memory is bounded: the last ``keep`` states are kept, which is how far a restart can
     rewind exactly (an older rewind restarts from the oldest state kept).
+
+    Parameters
+    ----------
+    keep : int
+        How many states (one per LR point) to keep for ``areas`` and ``rewind``.
 
     >>> c = LRClock()
     >>> for s in range(4):
@@ -83,34 +78,19 @@ class LRClock:
         lr = float(lr)
         if not math.isfinite(lr):
             raise ValueError(f"learning rate at step {step} is {lr}, not a finite number")
-        if not self._states:
-            # Before the first logged step the LR is held at its first value (np.interp).
-            self._states.append((step, lr, lr * (max(step, 0) + 1), 0.0, 0.0))
-            return
-        last, eta, s1, s2, m = self._states[-1]
-        k = step - last
-        if k <= 0:
-            return
-        d = (lr - eta) / k  # the LR's change per step over the gap
-        dd = min(d, 0.0)  # only decreases feed the annealing momentum
-        g = _g(k)
-        lam_k = DECAY**k
-        s1 = s1 + k * eta + d * (k * (k + 1) / 2)
-        s2 = s2 + m * g - dd / (1.0 - DECAY) * (k - g)
-        m = lam_k * m - dd * (1.0 - lam_k) / (1.0 - DECAY)
-        self._states.append((step, lr, s1, s2, m))
+        state = _areas().add(self._states[-1] if self._states else None, step, lr)
+        if state is not None:
+            self._states.append(state)
 
     def add_many(self, steps: np.ndarray, lrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``add`` for each finite LR of a series, in order (batch replay's LR feed,
-        compiled: the same states bit for bit). Returns the index of the point that made
+        """``add`` for each finite LR of a series, in order (batch replay's LR feed: the
+        same states, by the same compiled step). Returns the index of the point that made
         each new state (an int array) and the states as rows (step, lr, S1, S2, momentum).
         """
-        made, states = advance(
+        made, states = _areas().advance(
             self.last,
             np.ascontiguousarray(steps, dtype=np.int64),
             np.ascontiguousarray(lrs, dtype=float),
-            _decay_sums_array(),
-            DECAY,
         )
         for step, lr, s1, s2, m in states[-self.keep :].tolist():
             self._states.append((int(step), lr, s1, s2, m))
@@ -124,7 +104,7 @@ class LRClock:
         st = states[-1]
         if st[0] > step:
             st = next((x for x in reversed(states) if x[0] <= step), states[0])
-        return extrapolate(st, step)
+        return _areas().flat(st, int(step))
 
     def rewind(self, step: int) -> None:
         """A restart: forget the states at or after ``step`` (the oldest is always kept)."""
@@ -133,32 +113,27 @@ class LRClock:
             states.pop()
 
 
-def extrapolate(state: State, step: int) -> tuple[float, float]:
-    """S1 and S2 at ``step`` with the LR held flat since ``state``'s step."""
-    last, eta, s1, s2, m = state
-    k = max(int(step) - last, 0)
-    return s1 + eta * k, s2 + m * _g(k)
-
-
 def areas_at(
     states: np.ndarray, state_rows: np.ndarray, rows: np.ndarray, steps: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """What ``LRClock.areas`` answered for points at ``rows``/``steps`` of a replay in
     which the clock made ``states`` (rows of step, lr, S1, S2, momentum) at ``state_rows``
-    (NaN where no LR had come yet).
+    (NaN where no LR had come yet), by the same compiled step.
 
-    Bit for bit the same floats: the same products and sums, in numpy.
+    Parameters
+    ----------
+    states : numpy.ndarray
+        The clock's states, one row each, as ``LRClock.add_many`` returns them.
+    state_rows : numpy.ndarray
+        The row of the replay that made each state, increasing.
+    rows, steps : numpy.ndarray
+        The points' rows in the replay and their steps.
     """
-    n = rows.size
-    s1 = np.full(n, math.nan)
-    s2 = np.full(n, math.nan)
+    if len(states) == 0:
+        return np.full(len(rows), math.nan), np.full(len(rows), math.nan)
     idx = np.searchsorted(state_rows, rows, side="left") - 1
-    ok = np.flatnonzero(idx >= 0)
-    if ok.size == 0 or len(states) == 0:
-        return s1, s2
-    i = idx[ok]
-    k = np.maximum(steps[ok].astype(np.int64) - states[i, 0].astype(np.int64), 0)
-    g = _decay_sums_array()[np.minimum(k, MAX_GAP)]
-    s1[ok] = states[i, 2] + states[i, 1] * k
-    s2[ok] = states[i, 3] + states[i, 4] * g
-    return s1, s2
+    return _areas().flat_many(
+        np.ascontiguousarray(states, dtype=float),
+        np.ascontiguousarray(idx, dtype=np.int64),
+        np.ascontiguousarray(np.asarray(steps).astype(np.int64)),
+    )

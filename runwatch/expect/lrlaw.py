@@ -15,9 +15,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.signal import lfilter
 
 from runwatch.expect._lm import cost_at, solve
+from runwatch.expect._lrclock import momentum
 from runwatch.expect.powerlaw import (
     ALPHA_GRID,
     MIN_POINTS,
@@ -53,7 +53,7 @@ def lr_areas(
     eta = np.interp(grid, ls, lv / peak)
     s1 = np.cumsum(eta)
     drop = np.concatenate(([0.0], np.maximum(eta[:-1] - eta[1:], 0.0)))
-    m = lfilter([1.0], [1.0, -decay], drop)
+    m = momentum(drop, decay)
     s2 = np.cumsum(m)
     return s1, s2
 
@@ -113,9 +113,20 @@ def fit_area_law(
     minimised by the power law's compiled Levenberg-Marquardt solver
     (``runwatch.expect._lm``, with this model's Jacobian) from the better of two starts:
     the best point of a grid over α where E, A and C, being linear, are solved by least
-    squares, and ``start`` (a previous fit: a refit as the run goes) when given.
-    ``scipy.optimize.least_squares`` took ~4 ms a fit, this ~0.5 ms, and ends at a soft-L1
-    cost no higher on the real and synthetic schedules (``tests/expect/test_lrlaw.py``).
+    squares, and ``start`` (a previous fit: a refit as the run goes) when given. It ends
+    at a soft-L1 cost no higher than ``scipy.optimize.least_squares`` on synthetic
+    schedules (``tests/expect/test_lrlaw.py``), and faster (``bench/README-fit-solver.md``).
+
+    Parameters
+    ----------
+    s1, s2 : array-like
+        The points' forward and annealing areas (``LRClock``, ``lr_areas``).
+    values : array-like
+        The (binned) loss at those points; non-finite points are left out.
+    weights : array-like, optional
+        The points' weights (default: all 1).
+    start : AreaLaw, optional
+        An earlier fit (a refit as the run goes), tried as a second start.
     """
     a1 = np.asarray(s1, dtype=float)
     a2 = np.asarray(s2, dtype=float)

@@ -44,7 +44,7 @@ class PowerLaw:
 
 
 def median(x: np.ndarray) -> float:
-    """``np.median`` of a short 1-d array, without its ~25 us of overhead (refits take
+    """``np.median`` of a short 1-d array, without its per-call overhead (refits take
     several of a dozen or two bins each): the same float, the middle value or the mean of
     the two middle ones as ``np.mean`` forms it; NaN if any value is."""
     n = x.size
@@ -101,10 +101,16 @@ def fit_power_law(
     Levenberg-Marquardt (``runwatch.expect._lm.solve``, compiled, analytic Jacobian) from
     the better of two starts: the best point of a grid over (α, s0) where E and A, being
     linear, are solved in closed form (variable projection), and ``start`` (an earlier fit)
-    when given. The problem has four parameters and a dozen or two binned points: a fit
-    takes ~0.3 ms (most of it the numpy grid start) where ``scipy.optimize.least_squares``
-    took ~15, the same solver in numpy ~2.8 and in Python floats ~1 (per-call overhead, on
-    arrays this small, outweighs the arithmetic).
+    when given. Why not ``scipy.optimize.least_squares``: ``bench/README-fit-solver.md``.
+
+    Parameters
+    ----------
+    steps, values : array-like
+        The (binned) points; non-finite ones are left out.
+    weights : array-like, optional
+        The points' weights (default: all 1).
+    start : PowerLaw, optional
+        An earlier fit (a refit as the run goes), tried as a second start.
     """
     x, y, w = finite_points(steps, values, weights)
     xmax = float(max(x.max(), 1.0))

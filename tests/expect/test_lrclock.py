@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from runwatch.expect import LRClock, fit_area_law, lr_areas
+from runwatch.expect._lrclock import momentum
+from runwatch.expect.lrclock import areas_at
 
 
 def schedule(n: int = 6000) -> np.ndarray:
@@ -98,9 +100,10 @@ def test_area_law_recovers_a_noiseless_law_and_fits_without_an_anneal():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_add_many_makes_the_states_add_makes_bit_for_bit(seed):
-    """Batch replay feeds the LR through the compiled ``add_many``; ``add`` is the
-    definition. Gaps of every size (one beyond the decay table, one past 64-bit
-    ``k·(k+1)``), repeated steps, NaN and a warmup are in the series."""
+    """Batch replay feeds the LR through ``add_many``, live watching through ``add``: the
+    same states (one compiled step behind both). Gaps of every size (one beyond the decay
+    table, one past 64-bit ``k·(k+1)``), repeated steps, NaN and a warmup are in the
+    series."""
     rng = np.random.default_rng(seed)
     steps = np.cumsum(rng.choice([0, 1, 1, 1, 5, 250], size=3000)) + int(rng.integers(-3, 3))
     steps[1500:] += 60_000  # a gap longer than MAX_GAP
@@ -125,3 +128,39 @@ def test_add_many_makes_the_states_add_makes_bit_for_bit(seed):
     assert [i + first for i in got_made.tolist()] == [i for i in made if i >= first]
     assert [(int(r[0]), *r[1:]) for r in states.tolist()] == want[-len(states) :]
     assert list(many._states) == want[-1000:]
+
+
+def test_areas_at_answers_what_the_clock_answered_live():
+    """Replay's ``areas_at`` gives each point the areas ``LRClock.areas`` gave it when it
+    came, from the LR points of the rows before it (NaN before any LR)."""
+    rng = np.random.default_rng(5)
+    n = 2000
+    steps = np.cumsum(rng.choice([0, 1, 1, 3, 400], size=n)) + 10
+    lr_row = (rng.random(n) < 0.3) & (np.arange(n) > 50)  # rows that log the LR
+    lrs = schedule(n)
+    live = LRClock(keep=n)
+    want = []
+    for i, st in enumerate(steps.tolist()):
+        want.append(live.areas(st) or (math.nan, math.nan))
+        if lr_row[i]:
+            live.add(st, float(lrs[i]))
+    batch = LRClock(keep=n)
+    rows = np.flatnonzero(lr_row)
+    made, states = batch.add_many(steps[rows], lrs[rows])
+    s1, s2 = areas_at(states, rows[made], np.arange(n), steps)
+    np.testing.assert_array_equal(s1, [w[0] for w in want])
+    np.testing.assert_array_equal(s2, [w[1] for w in want])
+    empty = areas_at(np.empty((0, 5)), np.empty(0, dtype=np.int64), np.arange(3), steps[:3])
+    assert np.isnan(empty).all()
+
+
+def test_momentum_is_scipys_lfilter_to_the_bit():
+    """``lr_areas`` forms the annealing momentum without importing scipy.signal (its
+    import is most of the hook's); the floats are lfilter's."""
+    lfilter = pytest.importorskip("scipy.signal").lfilter
+    rng = np.random.default_rng(11)
+    for decay in (0.999, 0.9, 0.5, 0.0, 1.0):
+        x = rng.standard_normal(20_000) * 10.0 ** rng.uniform(-8, 3, 20_000)
+        x[rng.random(x.size) < 0.3] = 0.0
+        x[::7] = np.maximum(x[::7], 0.0)
+        assert momentum(x, decay).tobytes() == lfilter([1.0], [1.0, -decay], x).tobytes()
