@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from runwatch.extras import MissingExtra, require
 from runwatch.model import SEVERITIES, json_plain
 from runwatch.store import DEFAULT_STORE, StoreError
 
@@ -223,6 +224,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `runwatch export ... | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+    except MissingExtra as exc:  # its message names the command and how to install the extra
+        print(exc, file=sys.stderr)
+        return EXIT_USAGE
     except (CommandError, StoreError, ValueError, OSError) as exc:
         print(f"runwatch {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -308,6 +312,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if args.steps < 200:
         raise CommandError(f"--steps must be at least 200 (got {args.steps})")
     if not args.no_dashboard:
+        require("dashboard", "demo")
         from runwatch.demo.runner import serve_demo
 
         return serve_demo(

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from runwatch.dashboard.server import DEFAULT_HOST, DEFAULT_PORT, serve
+from runwatch.extras import require
 from runwatch.store import DEFAULT_STORE
 
 
@@ -34,6 +35,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable[[argparse.Na
 
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
+    require("dashboard", "dashboard")
     if not Path(args.db).exists():
         # Serve anyway: a dashboard started before the training job shows a hint and then
         # the run, as soon as the first point lands.

@@ -9,6 +9,16 @@
 The client is ``runwatch.hook.transport.HttpBackend``.
 """
 
-from runwatch.server.app import ServerSettings, create_app
+from typing import Any
 
 __all__ = ["ServerSettings", "create_app"]
+
+
+def __getattr__(name: str) -> Any:
+    # The app needs the server extra (FastAPI): imported when asked for, so that the CLI,
+    # which imports ``runwatch.server.cli`` for every command, loads without it.
+    if name in __all__:
+        from runwatch.server import app
+
+        return getattr(app, name)
+    raise AttributeError(f"module 'runwatch.server' has no attribute {name!r}")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runwatch.extras import require
 from runwatch.store import DEFAULT_STORE
 
 
@@ -86,6 +87,7 @@ def read_token(path: str | None, env: dict[str, str] | os._Environ[str] = os.env
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    require("server", "serve")
     import uvicorn
 
     from runwatch.alerting.exporter import metrics_asgi_app
