@@ -97,15 +97,7 @@ cdef void _score_restore(Score* s, tuple state):
 
 
 cdef class ScoreCore:
-    """The spike score's state and step (``SpikeScore`` is its public face).
-
-    Parameters
-    ----------
-    window : int
-        Values in the rolling window (>= 2).
-    sigmas : float
-        How far from the rolling mean, in standard deviations, a spike is (> 0).
-    """
+    """The spike score's state and step: ``SpikeScore``'s, whose parameters it takes."""
 
     cdef Score s
 
