@@ -205,7 +205,7 @@ def test_state_stays_bounded_over_a_very_long_run():
     assert len(spike._core.baseline) <= spike.window
     assert len(spike._core.score_window) <= spike.score_window
     assert len(div._blocks) <= div.ref_blocks
-    assert len(dev._bins) < 200
+    assert dev.n_bins < 200
     stall = next(d for d in dets if isinstance(d, Stall))
     assert all(n < 200 for n in stall.n_bins)  # learned bins, every point's bins
     assert 0 < m.health["spike_score"]["loss"] < 0.01
