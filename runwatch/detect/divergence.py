@@ -3,23 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
 
-import numpy as np
-
-from runwatch.detect._divergence_kernel import quiet
-from runwatch.detect.base import (
-    Detector,
-    Signal,
-    check_choice,
-    check_number,
-    ema_step,
-    kernel_loop,
-    noise_step,
-)
+from runwatch.detect._coreface import CoreDetector
+from runwatch.detect._divergence_core import DivergenceCore
+from runwatch.detect.base import Signal, check_choice, check_number
 
 
-class Divergence(Detector):
+class Divergence(CoreDetector):
     """A sustained rise of the smoothed (log) loss above its best recent level.
 
     The loss is smoothed by a running median of ``median_window`` points (so one or two
@@ -39,6 +29,34 @@ class Divergence(Detector):
     shift up (a harder data mix) it keeps alarming until ``adapt_after`` flagged points,
     then takes the new level as the reference.
 
+    Parameters
+    ----------
+    span : int
+        Span of the EMA that follows the running median.
+    threshold : float
+        The rise needed, in sigmas of the EMA's own noise.
+    min_rise : float
+        The least rise flagged in log space (log units, 0.05 = 5%).
+    patience : int
+        Rising points in a row before a point is flagged.
+    warmup : int
+        Points before judging.
+    median_window : int
+        Points in the running median.
+    block : int
+        Points per block mean of the reference.
+    ref_blocks : int
+        Block means the reference is the lowest of.
+    critical_ratio : float
+        Smoothed loss over reference that makes a signal critical (log space).
+    adapt_after : int
+        Flagged points after which the current level becomes the reference.
+    space : {"auto", "log", "linear"}
+        Work on log values ("log": non-positive values are ignored), on the values
+        ("linear"), or on log values until a value is not positive ("auto").
+
+    Examples
+    --------
     >>> import random
     >>> rng = random.Random(1)
     >>> d = Divergence()
@@ -91,131 +109,50 @@ class Divergence(Detector):
         super().__init__()
 
     def _reset(self) -> None:
-        self._alpha = 2.0 / (self.span + 1.0)
-        self._beta = 1.0 - self._alpha
-        self._ema_sd = math.sqrt(self._alpha / (2.0 - self._alpha))
-        self._log = self.space != "linear"
-        self._n = 0
-        self._ema = math.nan
-        self._prev = math.nan
-        self._recent: list[float] = []
-        self._absdiff = math.nan
-        self._blocks: list[float] = []
-        self._cur_sum = 0.0
-        self._cur_n = 0
-        self._over = 0
-        self._flagged = 0
-        self._divergences = 0
+        self._core = DivergenceCore(
+            self.span,
+            self.threshold,
+            self.min_rise,
+            self.patience,
+            self.warmup,
+            self.median_window,
+            self.block,
+            self.ref_blocks,
+            self.adapt_after,
+            self.space,
+        )
 
     @property
     def divergences(self) -> int:
         """How many times a divergence was declared."""
-        return self._divergences
+        return self._core.divergences
 
     @property
     def smoothed(self) -> float:
         """The current smoothed value (log space if the detector works in logs)."""
-        return self._ema
+        return self._core.smoothed
 
-    def _reference(self) -> float:
-        if self._blocks:
-            return min(self._blocks)
-        return self._cur_sum / self._cur_n if self._cur_n else math.inf
+    @property
+    def block_means(self) -> tuple[float, ...]:
+        """The block means the reference is the lowest of, oldest first (at most
+        ``ref_blocks``)."""
+        return self._core.block_means
 
-    def update(self, step: int, value: float) -> Signal | None:
-        if not math.isfinite(value):
-            return None
-        if self._log and value <= 0:
-            if self.space == "log":
-                return None
-            self._log = False
-            self._reset_state_linear()
-        x = math.log(value) if self._log else value
-        self._n += 1
-        if self._n == 1:
-            self._ema = self._prev = x
-            return None
-        d = abs(x - self._prev)
-        self._prev = x
-        self._absdiff = noise_step(self._absdiff, d)
-        sigma = 0.886 * self._absdiff  # mean |diff| -> Gaussian sigma of one point
-        recent = self._recent
-        recent.append(x)
-        if len(recent) > self.median_window:
-            del recent[0]
-        srt = sorted(recent)
-        self._ema = ema_step(self._ema, srt[len(srt) // 2], self._alpha, self._beta)
-        if self._n <= self.warmup:
-            return None
-        ref = self._reference()
-        rise = self._ema - ref if math.isfinite(ref) else 0.0
-        need = max(self.threshold * sigma * self._ema_sd, self.min_rise if self._log else 0.0)
-        if rise <= need:
-            self._over = 0
-            self._flagged = 0
-            self._learn(self._ema)
-            return None
-        return self._rising(value, ref, rise, need, sigma)
-
-    def _rising(
-        self, value: float, ref: float, rise: float, need: float, sigma: float
-    ) -> Signal | None:
-        """The smoothed value is above the reference by more than ``need``."""
-        self._over += 1
-        if self._over < self.patience:
-            return None
-        if self._over == self.patience:
-            self._divergences += 1
-        self._flagged += 1
-        if self._flagged >= self.adapt_after:
-            self._blocks.clear()
-            self._cur_sum, self._cur_n = self._ema, 1
-            self._flagged = 0
-        return self._signal(value, ref, rise, need, sigma)
-
-    def update_many(
-        self,
-        steps: Sequence[int],
-        values: Sequence[float],
-        on_error: Callable[[int], None] | None = None,
-    ) -> list[tuple[int, Signal]]:
-        """``update`` point by point, with the unflagged points done by a compiled loop
-        (``_divergence_kernel.quiet``: the same operations, the same result); only a
-        flagged point, or the end of log space, goes through ``update`` itself."""
-
-        def start() -> Callable[[int], int]:
-            vals = np.ascontiguousarray(values, dtype=float)
-            return lambda i: quiet(self, vals, i)
-
-        return kernel_loop(self, start, self.update, steps, values, on_error)
-
-    def _reset_state_linear(self) -> None:
-        self._n = 0
-        self._blocks.clear()
-        self._cur_sum, self._cur_n = 0.0, 0
-        self._absdiff = math.nan
-        self._over = 0
-
-    def _learn(self, ema: float) -> None:
-        self._cur_sum += ema
-        self._cur_n += 1
-        if self._cur_n >= self.block:
-            self._blocks.append(self._cur_sum / self._cur_n)
-            if len(self._blocks) > self.ref_blocks:
-                del self._blocks[0]
-            self._cur_sum, self._cur_n = 0.0, 0
-
-    def _signal(self, value: float, ref: float, rise: float, need: float, sigma: float) -> Signal:
-        score = rise / max(sigma * self._ema_sd, 1e-12)
-        if self._log:
-            expected, upper, smoothed = math.exp(ref), math.exp(ref + need), math.exp(self._ema)
+    def _signal(
+        self, value: float, rec: tuple[float, float, float, float, float, int, bool]
+    ) -> Signal:
+        """The Signal of a flagged point from the core's record of it."""
+        ref, rise, need, noise, ema, points, in_log = rec
+        score = rise / max(noise, 1e-12)
+        if in_log:
+            expected, upper, smoothed = math.exp(ref), math.exp(ref + need), math.exp(ema)
             ratio = math.exp(rise)
             sev = "critical" if ratio >= self.critical_ratio else "warning"
             msg = (
                 f"divergence: smoothed loss {smoothed:.4g} is x{ratio:.3f} its best {expected:.4g}"
             )
         else:
-            expected, upper, smoothed, ratio = ref, ref + need, self._ema, math.nan
+            expected, upper, smoothed, ratio = ref, ref + need, ema, math.nan
             sev = "warning"
             msg = f"divergence: smoothed value {smoothed:.4g} rose {rise:.3g} above {expected:.4g}"
         return Signal(
@@ -226,5 +163,5 @@ class Divergence(Detector):
             None,
             upper,
             msg,
-            {"rise_ratio": ratio, "smoothed": smoothed, "points_rising": self._over},
+            {"rise_ratio": ratio, "smoothed": smoothed, "points_rising": points},
         )

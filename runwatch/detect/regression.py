@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
 
-import numpy as np
-
-from runwatch.detect._regression_kernel import Quiet
-from runwatch.detect.base import Detector, Signal, check_number, kernel_loop
+from runwatch.detect._coreface import CoreDetector
+from runwatch.detect._regression_core import RegressionCore
+from runwatch.detect.base import Signal, check_number
 
 
-class Regression(Detector):
+class Regression(CoreDetector):
     """A lasting change for the worse in throughput or step time (CUSUM on robust z).
 
     Works on log values turned so that "worse" is positive (slower steps, fewer tokens/s).
@@ -36,6 +34,35 @@ class Regression(Detector):
     a real lasting change (a new cluster, a new config) it alarms until ``adapt_after``
     flagged points, then takes the new level as the baseline.
 
+    Parameters
+    ----------
+    higher_is_better : bool
+        True for throughput (a drop is worse), False for step time (a rise is worse).
+    window : int
+        Accepted points in the baseline (median and MAD), at least 8.
+    recent : int
+        Points whose median measures the change (at most ``window``).
+    persist : int
+        Flagged points in a row before a signal is more than info.
+    k : float
+        The CUSUM's allowance, in robust z.
+    h : float
+        The CUSUM's threshold.
+    clip : float
+        Each robust z is clipped to ±``clip`` (at least ``k``).
+    min_scale : float
+        Floor of the baseline's robust scale (log units).
+    min_change : float
+        The least relative worsening flagged (0.03 = 3% slower).
+    warn_change, critical_change : float
+        The relative worsening that makes a signal a warning, a critical.
+    min_points : int
+        Points learned before judging (between ``recent`` and ``window``).
+    adapt_after : int
+        Flagged points in a row after which the new level becomes the baseline.
+
+    Examples
+    --------
     >>> import random
     >>> rng = random.Random(2)
     >>> d = Regression(higher_is_better=False)
@@ -100,96 +127,38 @@ class Regression(Detector):
         super().__init__()
 
     def _reset(self) -> None:
-        self._sign = -1.0 if self.higher_is_better else 1.0
-        self._buf: list[float] = []
-        self._recent: list[float] = []
-        self._center = 0.0
-        self._scale = self.min_scale
-        self._since = 0
-        self._cusum = 0.0
-        self._flagged = 0
-        self._changes = 0
+        self._core = RegressionCore(
+            self.higher_is_better,
+            self.window,
+            self.recent,
+            self.k,
+            self.h,
+            self.clip,
+            self.min_scale,
+            self.min_change,
+            self.min_points,
+            self.adapt_after,
+        )
 
     @property
     def cusum(self) -> float:
-        return self._cusum
+        """The CUSUM of clipped robust z (0 after adapting to a lasting change)."""
+        return self._core.cusum
 
     @property
     def changes(self) -> int:
         """How many regressions were declared."""
-        return self._changes
+        return self._core.changes
 
-    def _refresh(self) -> None:
-        med, mad = _median_mad(self._buf)
-        self._center = med
-        self._scale = max(1.4826 * mad, self.min_scale)
-
-    def _learn(self, d: float) -> None:
-        buf = self._buf
-        buf.append(d)
-        if len(buf) > self.window:
-            del buf[0]
-        self._since += 1
-        if self._since >= 8 or len(buf) <= self.min_points:
-            self._since = 0
-            self._refresh()
-
-    def update(self, step: int, value: float) -> Signal | None:
-        if not (value > 0 and math.isfinite(value)):
-            return None
-        d = self._sign * math.log(value)
-        rec = self._recent
-        rec.append(d)
-        if len(rec) > self.recent:
-            del rec[0]
-        if len(self._buf) < self.min_points:
-            self._learn(d)
-            return None
-        z = (d - self._center) / self._scale
-        zc = min(max(z, -self.clip), self.clip)
-        self._cusum = max(0.0, self._cusum + zc - self.k)
-        srt = sorted(rec)
-        change = math.exp(srt[len(srt) // 2] - self._center) - 1.0
-        if self._cusum <= self.h or change < self.min_change:
-            if self._flagged:
-                self._flagged = 0
-            if z < self.clip:
-                self._learn(d)
-            return None
-        if not self._flagged:
-            self._changes += 1
-        self._flagged += 1
-        sig = self._signal(value, change)
-        if self._flagged >= self.adapt_after:
-            self._buf = list(rec)
-            self._refresh()
-            self._cusum = 0.0
-            self._flagged = 0
-        return sig
-
-    def update_many(
-        self,
-        steps: Sequence[int],
-        values: Sequence[float],
-        on_error: Callable[[int], None] | None = None,
-    ) -> list[tuple[int, Signal]]:
-        """``update`` point by point, with the unflagged points done by a compiled loop
-        (``_regression_kernel.Quiet``: the same operations, the same result); only a
-        flagged point, or one ``update`` raises on, goes through ``update`` itself."""
-
-        def start() -> Callable[[int], int]:
-            vals = np.ascontiguousarray(values, dtype=float)
-            quiet = Quiet(self)
-            return lambda i: quiet.run(vals, i)
-
-        return kernel_loop(self, start, self.update, steps, values, on_error)
-
-    def _signal(self, value: float, change: float) -> Signal:
-        c, s = self._center, self._clip_band()
-        expected = math.exp(self._sign * c)
-        a, b = math.exp(self._sign * (c - s)), math.exp(self._sign * (c + s))
+    def _signal(self, value: float, rec: tuple[float, float, int, float, float]) -> Signal:
+        """The Signal of a flagged point from the core's record of it."""
+        change, cusum, points, c, scale = rec
+        sign = -1.0 if self.higher_is_better else 1.0
+        s = 3.0 * scale  # the band: 3 robust sigmas around the baseline
+        expected = math.exp(sign * c)
+        a, b = math.exp(sign * (c - s)), math.exp(sign * (c + s))
         lower, upper = min(a, b), max(a, b)
-        if self._flagged < self.persist:
+        if points < self.persist:
             sev = "info"  # a burst of a few slow steps, not yet a regression
         elif change >= self.critical_change:
             sev = "critical"
@@ -207,28 +176,11 @@ class Regression(Detector):
         msg = f"{what} regression: recent median {recent:.4g} vs baseline {expected:.4g} ({how})"
         return Signal(
             sev,
-            self._cusum,
+            cusum,
             value,
             expected,
             lower,
             upper,
             msg,
-            {"change": change, "cusum": self._cusum, "points": self._flagged},
+            {"change": change, "cusum": cusum, "points": points},
         )
-
-    def _clip_band(self) -> float:
-        return 3.0 * self._scale
-
-
-def _median_mad(vals: list[float]) -> tuple[float, float]:
-    """Median and MAD (unscaled) of ``vals``; the middle order statistics of the
-    deviations are picked by numpy."""
-    srt = sorted(vals)
-    n = len(srt)
-    med = srt[n // 2] if n % 2 else 0.5 * (srt[n // 2 - 1] + srt[n // 2])
-    dev = np.abs(np.array(srt) - med)
-    h = n // 2
-    if n % 2:
-        return med, float(np.partition(dev, h)[h])
-    part = np.partition(dev, (h - 1, h))
-    return med, 0.5 * (float(part[h - 1]) + float(part[h]))

@@ -204,7 +204,7 @@ def test_state_stays_bounded_over_a_very_long_run():
     dev = next(d for d in dets if isinstance(d, CurveDeviation))
     assert len(spike._core.baseline) <= spike.window
     assert len(spike._core.score_window) <= spike.score_window
-    assert len(div._blocks) <= div.ref_blocks
+    assert len(div.block_means) <= div.ref_blocks
     assert dev.n_bins < 200
     stall = next(d for d in dets if isinstance(d, Stall))
     assert all(n < 200 for n in stall.n_bins)  # learned bins, every point's bins
