@@ -1,0 +1,54 @@
+"""The hook stays light: `import runwatch` and a run without the Monitor load no compiled
+module of ours, and none of the heavy packages that detection, the readers or the web stack
+need (bench/README-import.md has the figures)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+HEAVY = ("pandas", "scipy", "httpx", "streamlit", "plotly", "fastapi", "uvicorn", "yaml")
+
+
+def _loaded_after(tmp_path, code: str) -> dict[str, list[str]]:
+    probe = (
+        "import json, sys\n"
+        f"{code}\n"
+        "mods = sorted(sys.modules)\n"
+        "own = [m for m in mods if m.startswith('runwatch')]\n"
+        "compiled = [m for m in own\n"
+        "            if str(getattr(sys.modules[m], '__file__', '')).endswith(('.so', '.pyd'))]\n"
+        "print(json.dumps({'roots': sorted({m.split('.')[0] for m in mods}),\n"
+        "                  'compiled': compiled}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path / "light.db")],
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if not k.startswith("RUNWATCH_")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_import_runwatch_loads_no_compiled_module_and_nothing_heavy(tmp_path):
+    loaded = _loaded_after(tmp_path, "import runwatch")
+    assert loaded["compiled"] == []
+    assert not set(HEAVY) & set(loaded["roots"])
+
+
+def test_a_run_without_the_monitor_stays_light(tmp_path):
+    loaded = _loaded_after(
+        tmp_path,
+        "import runwatch\n"
+        "run = runwatch.init(name='light', store=sys.argv[1], monitor=False)\n"
+        "for step in range(50):\n"
+        "    run.log({'loss': 1.0 / (step + 1), 'lr': 3e-4}, step=step)\n"
+        "run.finish()",
+    )
+    assert loaded["compiled"] == []
+    assert not set(HEAVY) & set(loaded["roots"])
