@@ -1,14 +1,12 @@
 # cython: language_level=3
-"""Python's float semantics for the compiled kernels, in one place.
+"""Small float helpers shared by the compiled cores (``runwatch/detect/_*_core.pyx``,
+``runwatch/expect/_lm.pyx``), in one place.
 
-Every kernel (``runwatch/detect/_*_kernel.pyx``, ``runwatch/expect/_lm.pyx``) must give
-the floats its Python definition gives, so each reproduces the same few things: Python's
-two-argument ``max``/``min`` (the first argument unless the second is strictly greater /
-smaller: NaN never is), ``sorted`` on a few values (stable: equal values, 0.0 and -0.0
-among them, keep their order), and sorted windows kept up to date as values come and go
-(a median or an order statistic is one of the values; ``Window`` keeps even the order of
-equal values that ``sorted`` gives). Inline
-functions: each kernel compiles its own copy, with no call between modules.
+Python's two-argument ``max``/``min`` (the first argument unless the second is strictly
+greater / smaller: NaN never is), a stable sort of a few values (equal values, 0.0 and
+-0.0 among them, keep their order), binary searches, and a sorted window kept up to date
+as values come and go (``Window``: a median or an order statistic is one of the values).
+Inline functions: each core compiles its own copy, with no call between modules.
 """
 
 from libc.math cimport NAN
@@ -52,29 +50,10 @@ cdef inline Py_ssize_t lower_bound(const double* a, Py_ssize_t n, double v) noex
     return (base - a) + (base[0] < v)
 
 
-cdef inline void insert_sorted(double* a, Py_ssize_t n, double v) noexcept nogil:
-    """Insert ``v`` into the sorted ``a[:n]`` (room for one more)."""
-    cdef Py_ssize_t i = lower_bound(a, n, v)
-    memmove(a + i + 1, a + i, (n - i) * sizeof(double))
-    a[i] = v
 
 
-cdef inline void remove_sorted(double* a, Py_ssize_t n, double v) noexcept nogil:
-    """Drop one value equal to ``v`` from the sorted ``a[:n]`` (one is there: no NaN)."""
-    cdef Py_ssize_t i = lower_bound(a, n, v)
-    memmove(a + i, a + i + 1, (n - i - 1) * sizeof(double))
 
 
-cdef inline void replace_sorted(double* a, Py_ssize_t n, double old, double v) noexcept nogil:
-    """Put ``v`` in place of one value equal to ``old`` (one is there: no NaN) in the
-    sorted ``a[:n]``, shifting only the values between the two places."""
-    cdef Py_ssize_t i = lower_bound(a, n, old), j = lower_bound(a, n, v)
-    if j > i:
-        memmove(a + i, a + i + 1, (j - i - 1) * sizeof(double))
-        a[j - 1] = v
-    else:
-        memmove(a + j + 1, a + j, (i - j) * sizeof(double))
-        a[j] = v
 
 
 cdef inline Py_ssize_t upper_bound(const double* a, Py_ssize_t n, double v) noexcept nogil:
@@ -119,16 +98,3 @@ cdef inline double window_push(Window* w, double v) noexcept nogil:
     w.n += 1
     return old
 
-
-cdef inline void window_unpush(Window* w, double v, double old) noexcept nogil:
-    """Undo ``window_push(w, v)``, which returned ``old``."""
-    cdef Py_ssize_t i = upper_bound(w.srt, w.n, v) - 1  # v: the newest of its equals
-    memmove(w.srt + i, w.srt + i + 1, (w.n - i - 1) * sizeof(double))
-    w.n -= 1
-    if old == old:
-        w.head = (w.head if w.head else w.cap) - 1
-        w.ring[w.head] = old
-        i = lower_bound(w.srt, w.n, old)  # back as the oldest of its equals
-        memmove(w.srt + i + 1, w.srt + i, (w.n - i) * sizeof(double))
-        w.srt[i] = old
-        w.n += 1

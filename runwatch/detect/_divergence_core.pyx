@@ -15,7 +15,7 @@ from runwatch.detect._valuecore cimport FLAGGED, QUIET, Outcome, SortedWindow, V
 
 from runwatch.detect.base import NOISE_KEEP, NOISE_RATE
 
-cdef double noise_rate = NOISE_RATE, noise_keep = NOISE_KEEP  # base.noise_step's weights
+cdef double noise_rate = NOISE_RATE, noise_keep = NOISE_KEEP  # the noise EMA not started: the first difference is it's weights
 
 
 @cython.final
@@ -131,7 +131,7 @@ cdef class DivergenceCore(ValueCore):
             return QUIET
         d = fabs(x - self.prev)
         self.prev = x
-        if self.absdiff != self.absdiff:  # base.noise_step
+        if self.absdiff != self.absdiff:  # the noise EMA not started: the first difference is it
             self.absdiff = d
         else:
             t = 5.0 * self.absdiff + 1e-12

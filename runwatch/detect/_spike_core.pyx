@@ -280,7 +280,7 @@ cdef class SpikeCore:
         self.buf[k - self.window if k >= self.window else k] = x
 
     cdef double _robust_scale(self) noexcept nogil:
-        """``base.robust_scale`` of the baseline: a MAD of its first differences."""
+        """The noise scale of the baseline: a MAD of its first differences (Gaussian sigma)."""
         cdef Py_ssize_t n = self.nbuf, j
         cdef double scale
         if n < 3:

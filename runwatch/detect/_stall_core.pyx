@@ -452,7 +452,7 @@ cdef class StallCore:
         self.lt_scale = 0.0
 
     cdef double _robust_scale(self) noexcept nogil:
-        """``base.robust_scale`` of the noise buffer: 1.0484 x the median absolute first
+        """The noise scale of the noise buffer: 1.0484 x the median absolute first
         difference (half the smallest nonzero one where that is 0: a quantised series)."""
         cdef Py_ssize_t i, n = self.noise.n
         cdef double* d = self.tmp

@@ -1,6 +1,6 @@
 """The detector contract: one ``Signal`` type and the ``Detector`` base class.
 
-Every detector is a small river-style class (STYLE.md): constructor arguments are stored as
+Every detector is a small river-style class (online-ml/river): constructor arguments are stored as
 given and validated up front, private state is rebuilt by ``_reset()``, and one cheap
 ``update(step, value)`` returns either ``None`` (nothing flagged at this point) or a
 ``Signal``. The contract is fixed so the Monitor can group any detector's signals into
@@ -13,9 +13,8 @@ import copy
 import inspect
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from operator import sub as _sub
 from typing import Any, ClassVar
 
 from runwatch.expect.lrclock import LRClock
@@ -24,17 +23,14 @@ from runwatch.model import SEVERITIES
 log = logging.getLogger("runwatch.detect")
 
 __all__ = [
+    "CoreDetector",
     "Detector",
+    "LRAware",
     "Signal",
     "check_choice",
     "check_lengths",
     "check_number",
-    "ema_step",
-    "guarded",
-    "kernel_loop",
-    "noise_step",
-    "plain_points",
-    "robust_scale",
+    "signals_of",
 ]
 
 
@@ -154,6 +150,62 @@ def check_lengths(steps: Sequence[int], values: Sequence[float]) -> None:
         raise ValueError(f"steps and values differ in length: {len(steps)} != {len(values)}")
 
 
+def signals_of(
+    records: Iterable[tuple[int, Any]],
+    values: Sequence[float],
+    build: Callable[[float, Any], Signal],
+    on_error: Callable[[int], None] | None,
+) -> list[tuple[int, Signal]]:
+    """``(index, Signal)`` from a core's ``(index, record)`` for its flagged points: what
+    every core-backed ``update_many`` returns. A record that is an exception (the step
+    raised there), or a ``build`` that raises, goes to ``on_error(index)`` and the point
+    counts as unflagged; without ``on_error`` the exception propagates."""
+    out: list[tuple[int, Signal]] = []
+    for i, rec in records:
+        try:
+            if isinstance(rec, Exception):
+                raise rec
+            out.append((i, build(values[i], rec)))
+        except Exception:
+            if on_error is None:
+                raise
+            on_error(i)
+    return out
+
+
+class CoreDetector(Detector):
+    """A detector whose state and per-point step are a compiled core's (``_core``, built in
+    ``_reset``); the class validates parameters and turns the core's flag records into
+    Signals (``_signal``).
+
+    The core's ``update(step, value)`` returns None or a flag record, and its
+    ``update_many(steps, values)`` returns ``(index, record)`` for the flagged points (a
+    record may be the exception the step raised at that point).
+    """
+
+    _core: Any
+
+    def update(self, step: int, value: float) -> Signal | None:
+        rec = self._core.update(step, value)
+        return None if rec is None else self._signal(value, rec)
+
+    def update_many(
+        self,
+        steps: Sequence[int],
+        values: Sequence[float],
+        on_error: Callable[[int], None] | None = None,
+    ) -> list[tuple[int, Signal]]:
+        """``update`` over many points in order, the core's loop doing the points it does
+        not flag (the contract of ``Detector.update_many``). A flagged point's Signal
+        carries the value as given (``values[index]``)."""
+        check_lengths(steps, values)
+        return signals_of(self._core.update_many(steps, values), values, self._signal, on_error)
+
+    def _signal(self, value: float, rec: Any) -> Signal:
+        """The Signal of a flagged point with ``value``, from the core's record of it."""
+        raise NotImplementedError
+
+
 class LRAware:
     """A detector that judges the loss by the run's LR once it is logged.
 
@@ -183,92 +235,6 @@ class LRAware:
             raise ValueError(
                 f"a {type(self).__name__} whose LR clock has the LR needs the areas of a batch"
             )
-
-
-def update_points(
-    update: Callable[[int, float, Any], Signal | None],
-    steps: Sequence[int],
-    values: Sequence[float],
-    extra: Sequence[Any],
-    on_error: Callable[[int], None] | None,
-) -> list[tuple[int, Signal]]:
-    """``update(step, value, extra[k])`` over the finite points, in order: the plain
-    ``update_many`` loop of a detector whose update takes one more argument per point
-    (the LR areas as they were live). A raising point goes to ``on_error`` and counts as
-    unflagged, as in ``Detector.update_many``."""
-    check_lengths(steps, values)
-    out: list[tuple[int, Signal]] = []
-    for k, (s, v) in enumerate(zip(steps, values, strict=True)):
-        try:
-            if not math.isfinite(v):
-                continue
-            sig = update(s, v, extra[k])
-        except Exception:
-            if on_error is None:
-                raise
-            on_error(k)
-            continue
-        if sig is not None:
-            out.append((k, sig))
-    return out
-
-
-def guarded(
-    update: Callable[[int, float], Signal | None],
-    step: int,
-    value: float,
-    i: int,
-    on_error: Callable[[int], None] | None,
-) -> Signal | None:
-    """``update(step, value)``; if it raises and ``on_error`` is given, report point ``i``
-    to it and return None (the Monitor's guard: a detector bug must not end a replay)."""
-    if on_error is None:
-        return update(step, value)
-    try:
-        return update(step, value)
-    except Exception:
-        on_error(i)
-        return None
-
-
-def plain_points(steps: Sequence[int], values: Sequence[float]) -> bool:
-    """True for what batch replay and live detection give: int steps and float values
-    (exactly those types). The compiled kernels take only these; anything else (numpy
-    scalars, int values, float steps) goes through ``update``, which keeps what it is given.
-
-    >>> plain_points([1, 2], [0.5, 0.4]), plain_points([1, 2], [1, 2])
-    (True, False)
-    """
-    return set(map(type, steps)) <= {int} and set(map(type, values)) <= {float}
-
-
-def kernel_loop(
-    det: Detector,
-    start: Callable[[], Callable[[int], int]],
-    update: Callable[[int, float], Signal | None],
-    steps: Sequence[int],
-    values: Sequence[float],
-    on_error: Callable[[int], None] | None,
-) -> list[tuple[int, Signal]]:
-    """``update_many`` around a compiled kernel. On ``plain_points`` only (otherwise
-    ``Detector.update_many``, point by point): ``start()`` readies the kernel and returns
-    ``advance``, which moves the detector over the points from ``i`` that it does not flag
-    and returns the first one ``update`` must see (``len(values)``: none is left); that
-    point goes through ``update`` (``guarded``), and the kernel goes on after it. Returns
-    ``(index, signal)`` for the flagged points."""
-    check_lengths(steps, values)
-    if not plain_points(steps, values):
-        return Detector.update_many(det, steps, values, on_error)
-    advance = start()
-    out: list[tuple[int, Signal]] = []
-    n = len(values)
-    i = 0
-    while (i := advance(i)) < n:
-        sig = guarded(update, steps[i], values[i], i, on_error)
-        if sig is not None:
-            out.append((i, sig))
-        i += 1
-    return out
 
 
 def check_number(
@@ -301,43 +267,8 @@ def check_severity(name: str, value: Any) -> None:
     check_choice(name, value, SEVERITIES)
 
 
-def robust_scale(values: list[float]) -> float:
-    """Noise scale of a window from its first differences (MAD based, trend-robust).
-
-    Differences remove a slow trend (a falling loss), so the scale measures point-to-point
-    noise only; 1.0484 = 1 / (0.6745 * sqrt(2)) makes it a Gaussian sigma.
-    """
-    n = len(values)
-    if n < 3:
-        return 0.0
-    diffs = sorted(map(abs, map(_sub, values[1:], values[:-1])))
-    scale = 1.0484 * diffs[(n - 1) // 2]
-    if scale == 0.0:
-        # A quantised series (values printed to 2 decimals) has mostly zero differences:
-        # its noise is at least half a quantum, not zero.
-        nonzero = next((d for d in diffs if d > 0.0), 0.0)
-        scale = 0.5 * nonzero
-    return scale
-
-
 NOISE_RATE = 0.01
-"""How fast the smoothers' noise EMA follows the absolute first difference."""
+"""How fast the smoothers' noise EMA follows the absolute first difference (a slow EMA of
+``|x - previous x|`` capped at 5 times its current value, so one jump barely moves it)."""
 NOISE_KEEP = 1.0 - NOISE_RATE
-"""The noise EMA's weight on its current value (the compiled kernels take both from here)."""
-
-
-def ema_step(e: float, x: float, alpha: float, beta: float) -> float:
-    """One EMA step, ``alpha·x + beta·e`` (``beta`` = 1 - ``alpha``): the one form every
-    EMA of the detectors takes; the compiled batch kernels form exactly these floats
-    (``e + alpha·(x - e)`` would round differently)."""
-    return alpha * x + beta * e
-
-
-def noise_step(a: float, d: float) -> float:
-    """The smoothers' noise EMA after one more absolute first difference ``d``: a slow EMA
-    of ``d`` capped at 5 times the current mean, so one jump barely moves it (NaN ``a``:
-    not started, ``d`` is the first)."""
-    if a != a:
-        return d
-    t = 5.0 * a + 1e-12
-    return ema_step(a, t if t < d else d, NOISE_RATE, NOISE_KEEP)
+"""The noise EMA's weight on its current value (the compiled cores take both from here)."""

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 
-from runwatch.detect._coreface import CoreDetector
 from runwatch.detect._divergence_core import DivergenceCore
-from runwatch.detect.base import Signal, check_choice, check_number
+from runwatch.detect.base import CoreDetector, Signal, check_choice, check_number
 
 
 class Divergence(CoreDetector):

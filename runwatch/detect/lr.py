@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
 from runwatch.detect._lr_core import Kind, LRCore
-from runwatch.detect.base import Detector, Signal, check_lengths, check_number
+from runwatch.detect.base import CoreDetector, Signal, check_number
 
 _FOUND = {
     Kind.TO_ZERO: ("warning", "lr dropped to zero"),
@@ -15,7 +13,7 @@ _FOUND = {
 """Severity and wording of each kind of departure from the schedule."""
 
 
-class LRSanity(Detector):
+class LRSanity(CoreDetector):
     """The LR jumps off the line its own recent points draw, or drops to zero abruptly.
 
     Each point is predicted by extending the slope of the last ``slope_points`` accepted
@@ -116,32 +114,9 @@ class LRSanity(Detector):
         # A resume restarts the schedule from the checkpoint: predict afresh.
         self._core.rewind()
 
-    def update(self, step: int, value: float) -> Signal | None:
-        rec = self._core.update(step, value)
-        return None if rec is None else self._signal(value, *rec)
-
-    def update_many(
-        self,
-        steps: Sequence[int],
-        values: Sequence[float],
-        on_error: Callable[[int], None] | None = None,
-    ) -> list[tuple[int, Signal]]:
-        """``update`` over many points (``Detector.update_many``), stepped by ``LRCore``."""
-        check_lengths(steps, values)
-        out = []
-        for i, rec in self._core.update_many(steps, values):
-            try:
-                out.append((i, self._signal(values[i], *rec)))
-            except Exception:
-                if on_error is None:
-                    raise
-                on_error(i)
-        return out
-
-    def _signal(
-        self, value: float, kind: int, pred: float, resid: float, peak: float, n: int
-    ) -> Signal:
+    def _signal(self, value: float, rec: tuple) -> Signal:
         """The Signal of a flagged point from its ``LRCore`` record."""
+        kind, pred, resid, peak, n = rec
         if kind == Kind.NEVER_SET:
             return Signal(
                 "warning",

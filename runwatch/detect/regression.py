@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 
-from runwatch.detect._coreface import CoreDetector
 from runwatch.detect._regression_core import RegressionCore
-from runwatch.detect.base import Signal, check_number
+from runwatch.detect.base import CoreDetector, Signal, check_number
 
 
 class Regression(CoreDetector):

@@ -3,8 +3,8 @@
 Replay is the streaming Monitor fed in step order, so it gives exactly what live watching
 gives (tested). Rows are ordered by step with a stable sort: within one step, and so
 within each series, the input order is kept. Pass the points of the latest attempt only
-(docs/architecture.md: "the latest attempt wins"): sorted by step, a redone step of an earlier attempt would sit
-beside its redo instead of being replaced by it.
+(docs/architecture.md: "the latest attempt wins"): sorted by step, a redone step of an
+earlier attempt would sit beside its redo instead of being replaced by it.
 """
 
 from __future__ import annotations

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
 
 from runwatch.detect._spike_core import SpikeCore
-from runwatch.detect.base import Detector, Signal, check_choice, check_lengths, check_number
+from runwatch.detect.base import CoreDetector, Signal, check_choice, check_number
 
 
-class Spike(Detector):
+class Spike(CoreDetector):
     """Upward spikes against the median of recent points, scaled by robust local noise.
 
     Each value (its log, when the series is positive) is compared with the median of the
@@ -154,41 +153,9 @@ class Spike(Detector):
         """True while the detector works on log values (the series has stayed positive)."""
         return self._core.log_space
 
-    def update(self, step: int, value: float) -> Signal | None:
-        rec = self._core.update(step, value)
-        return None if rec is None else self._signal(value, *rec)
-
-    def update_many(
-        self,
-        steps: Sequence[int],
-        values: Sequence[float],
-        on_error: Callable[[int], None] | None = None,
-    ) -> list[tuple[int, Signal]]:
-        """``update`` over many points (``Detector.update_many``), stepped by ``SpikeCore``."""
-        check_lengths(steps, values)
-        out = []
-        for i, rec in self._core.update_many(steps, values):
-            try:
-                out.append((i, self._signal(values[i], *rec)))
-            except Exception:
-                if on_error is None:
-                    raise
-                on_error(i)
-        return out
-
-    def _signal(
-        self,
-        value: float,
-        center: float,
-        scale: float,
-        z: float,
-        run: int,
-        adapted: bool,
-        peak_dev: float,
-        peak_value: float,
-        log: bool,
-    ) -> Signal:
+    def _signal(self, value: float, rec: tuple) -> Signal:
         """The Signal of a flagged point from its ``SpikeCore`` record."""
+        center, scale, z, run, adapted, peak_dev, peak_value, log = rec
         if log:
             expected = _exp(center)
             lower = _exp(center - self.threshold * scale)

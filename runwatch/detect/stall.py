@@ -8,7 +8,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from runwatch.detect._stall_core import StallCore
-from runwatch.detect.base import Detector, LRAware, Signal, check_lengths, check_number
+from runwatch.detect.base import (
+    Detector,
+    LRAware,
+    Signal,
+    check_lengths,
+    check_number,
+    signals_of,
+)
 
 _NAN = math.nan
 
@@ -206,15 +213,8 @@ class Stall(LRAware, Detector):
         self._need_areas(areas)
         check_lengths(steps, values)
         s1 = None if areas is None else areas[0]
-        out: list[tuple[int, Signal]] = []
-        for i, rec in self._core.update_many(steps, values, s1, on_error):
-            try:
-                out.append((i, self._signal(values[i], rec)))
-            except Exception:
-                if on_error is None:
-                    raise
-                on_error(i)
-        return out
+        records = self._core.update_many(steps, values, s1, on_error)
+        return signals_of(records, values, self._signal, on_error)
 
     def _signal(self, value: float, rec: tuple) -> Signal:
         """A stall's signal from the core's flag record: the fall over the last ``w``
