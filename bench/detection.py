@@ -6,7 +6,8 @@ What it does, all in one run, with a seeded RNG:
 1. Clean real curves: replay the full Monitor over every run and count alarms of severity
    warning or worse per 100,000 trainer steps, with and without the windows of real events
    (``KNOWN_EVENTS``: what shared/data/real_runs/SOURCES.md documents, plus two step-time
-   level shifts we found by eye in the numbers and list with their evidence). Both counts are printed.
+   level shifts we found by eye in the numbers and list with their evidence). Both counts
+   are printed.
 2. Injected faults on copies of the curves: NaN/Inf, spikes of 6x, 10x and 20x the curve's
    local noise (robust sigma of log first differences over the 200 points before the
    fault), divergence, plateau, level shift, throughput drop, LR jump and LR to zero, at

@@ -141,7 +141,8 @@ class Anomaly:
     details: dict[str, Any] = field(default_factory=dict)
 
     def to_json_dict(self, run: str) -> dict[str, Any]:
-        """The ``runwatch analyze --format json`` object (docs/architecture.md): a public contract."""
+        """The ``runwatch analyze --format json`` object: a public contract
+        (docs/architecture.md)."""
         return {
             "run": run,
             "detector": self.detector,

@@ -332,8 +332,8 @@ def test_analyze_tells_its_progress_phase_by_phase_to_every_point(db_path, fast,
     """What a long replay's progress bar is fed: the phases in order, the points replayed
     never going back, and all of them by the end (batch: after each series; streaming:
     every PROGRESS_EVERY rows)."""
-    from runwatch.pipeline.analysis import analyze_run
     from runwatch.detect import replay
+    from runwatch.pipeline.analysis import analyze_run
 
     monkeypatch.setattr(replay, "PROGRESS_EVERY", 300)
     if not fast:  # the batch path refuses; the streaming path replays every row

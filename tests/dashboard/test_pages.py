@@ -196,8 +196,8 @@ def test_forecast_uses_the_stored_expected_curve_until_the_run_outgrows_it(
 ) -> None:
     """After ``runwatch analyze`` the page reads the stored curve instead of fitting; once
     the run has steps the curve was not fitted on, the page fits again."""
-    from runwatch.pipeline.analysis import forecast_run
     from runwatch.dashboard import data
+    from runwatch.pipeline.analysis import forecast_run
 
     from .conftest import write_run
 

@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from runwatch.pipeline.fleet import fleet_report
 from runwatch.detect.fleet.failures import failure_report
 from runwatch.model import Event
+from runwatch.pipeline.fleet import fleet_report
 from runwatch.store import open_store
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from runwatch.detect.fleet.monitor import fleet_anomalies
 from runwatch.detect.fleet.hangs import HangDetector
+from runwatch.detect.fleet.monitor import fleet_anomalies
 
 
 class Clock:

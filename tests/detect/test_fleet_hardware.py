@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from runwatch.detect.fleet.monitor import FleetMonitor, fleet_anomalies
 from runwatch.detect.fleet.hardware import HardwareMonitor
+from runwatch.detect.fleet.monitor import FleetMonitor, fleet_anomalies
 from runwatch.model import Event
 
 GPU = {"rank": 12, "host": "node-1", "gpu": 4}

@@ -1,8 +1,9 @@
 """Every default detector on the clean real curves: no warning-or-worse alarms.
 
 Real events that the source documents (shared/data/real_runs/SOURCES.md), and two
-step-time level shifts that are plain in the numbers, are listed in bench/detection.py (``KNOWN_EVENTS``); an alarm on
-one of them is a true detection, not a false alarm. Incident excerpts are not clean curves.
+step-time level shifts that are plain in the numbers, are listed in bench/detection.py
+(``KNOWN_EVENTS``); an alarm on one of them is a true detection, not a false alarm.
+Incident excerpts are not clean curves.
 """
 
 from __future__ import annotations
