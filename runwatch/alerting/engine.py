@@ -31,8 +31,10 @@ from runwatch.alerting.grouping import Grouper, Notification
 from runwatch.alerting.payloads import group_summary, render
 from runwatch.alerting.rules import Rules, matches
 from runwatch.alerting.sender import Sender
+from runwatch.guard import Guard
 from runwatch.model import Anomaly
 from runwatch.store import Store
+from runwatch.worker import Worker
 
 log = logging.getLogger("runwatch.alerting")
 
@@ -59,17 +61,18 @@ class AlertEngine:
         self._grouper = Grouper(rules)
         self._started: dict[int, float] = {}
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
         self._store: Store | None = None
         self._silences: list[dict[str, tuple[str, ...]]] = []
         self._silences_read = float("-inf")
         self.sender = Sender(store_path, rules, clock=clock, rng=rng, client=client)
         self.enqueued = 0
-        self._thread: threading.Thread | None = None
+        self._close_guard = Guard("flushing alerts at close", log)
+        # A flush at once, then when observe() wakes it or the next group is due.
+        self._worker = Worker(
+            "runwatch-alerts", tick=self._flush_due, interval=1.0, first_tick=0.0, logger=log
+        )
         if start:
-            self._thread = threading.Thread(target=self._loop, name="runwatch-alerts", daemon=True)
-            self._thread.start()
+            self._worker.start()
             self.sender.start()
 
     @property
@@ -92,7 +95,7 @@ class AlertEngine:
                 if not anomaly.is_open:
                     self._started.pop(row_id, None)
                 self._grouper.add(alert, now)
-        self._wake.set()
+        self._worker.wake()
 
     def bind(self, run: str, project: str | None) -> Callable[[list[tuple[int, Anomaly]]], None]:
         """``observe`` for one run: what ``LiveDetection(on_change=...)`` takes."""
@@ -168,18 +171,13 @@ class AlertEngine:
         self._silences = [{k: (str(v),) for k, v in s["matchers"].items()} for s in active]
 
     # -- the thread --------------------------------------------------------------------------
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.tick()
-                with self._lock:
-                    due = self._grouper.next_due()
-                pause = 1.0 if due is None else due - self._clock()
-            except Exception:
-                log.exception("runwatch: the alert engine failed a flush; trying again")
-                pause = 1.0
-            self._wake.wait(min(max(pause, 0.001), SILENCE_REFRESH))
-            self._wake.clear()
+    def _flush_due(self) -> float:
+        """The worker's tick: flush what is due; seconds until the next group is due."""
+        self.tick()
+        with self._lock:
+            due = self._grouper.next_due()
+        pause = 1.0 if due is None else due - self._clock()
+        return min(max(pause, 0.001), SILENCE_REFRESH)
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Send everything now: flush every group, wait up to ``timeout`` s for the outbox."""
@@ -200,15 +198,10 @@ class AlertEngine:
     def close(self, timeout: float = 10.0) -> bool:
         """Flush, wait (bounded) for pending alerts, stop the threads; True if all went out."""
         started = time.monotonic()
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(min(timeout, 2.0))
-        try:
+        self._worker.close(min(timeout, 2.0))
+        done = False
+        with self._close_guard:
             done = self.flush(timeout)
-        except Exception:
-            log.exception("runwatch: flushing alerts failed")
-            done = False
         if not done:
             pending = self.sender.pending()
             log.warning(

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,7 @@ from runwatch.alerting.channels import Delivery, deliver, register_secrets
 from runwatch.alerting.rules import Channel, Rules
 from runwatch.store import Store
 from runwatch.store.outbox import AttemptResult, OutboxRow
+from runwatch.worker import Worker
 
 log = logging.getLogger("runwatch.alerting")
 
@@ -116,9 +116,11 @@ class Sender:
             limits=httpx.Limits(max_connections=workers * max(len(rules.channels), 1))
         )
         self._store: Store | None = None
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # Rounds back to back while there is work, else a nap until something is due (at
+        # most 1 s) or wake() is called.
+        self._worker = Worker(
+            "runwatch-alert-sender", tick=self._send_due, interval=1.0, first_tick=0.0, logger=log
+        )
         self.sent = 0
         self.failed = 0
 
@@ -234,40 +236,29 @@ class Sender:
         return wake
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._loop, name="runwatch-alert-sender", daemon=True
-        )
-        self._thread.start()
+        """Send rounds on a thread of its own until :meth:`close`."""
+        self._worker.start()
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._worker.alive
 
     def wake(self) -> None:
-        self._wake.set()
+        """Something was queued: a round soon."""
+        self._worker.wake()
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                if self.run_once():
-                    continue
-                pause = self.next_wake() - self._clock()
-            except Exception:
-                log.exception("runwatch: the alert sender failed a round; trying again")
-                pause = 1.0
-            self._wake.wait(min(max(pause, 0.005), 1.0))
-            self._wake.clear()
+    def _send_due(self) -> float:
+        """The worker's tick: one round; seconds until the next one."""
+        if self.run_once():
+            return 0.0
+        return min(max(self.next_wake() - self._clock(), 0.005), 1.0)
 
     def pending(self) -> int:
         return self.store.pending_alerts(list(self._states))
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the thread (after its current round, waiting up to ``timeout`` s)."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        if self._thread is None or not self._thread.is_alive():
+        if self._worker.close(timeout):
             for state in self._states.values():
                 state.pool.shutdown(wait=False)
             self._client.close()

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from runwatch.guard import internal_errors
+
 if TYPE_CHECKING:
     from runwatch.alerting.engine import AlertEngine
     from runwatch.alerting.exporter import Exporter
@@ -58,18 +60,14 @@ class RunAlerting:
 
     def close(self, timeout: float = 10.0) -> bool:
         """Flush and wait (bounded) for pending alerts, then stop the exporter."""
-        done = True
+        done = self.engine is None
         if self.engine is not None:
-            try:
+            # finishing a run must not raise because alerting failed
+            with internal_errors("closing alerting", log):
                 done = self.engine.close(timeout)
-            except Exception:  # finishing a run must not raise because alerting failed
-                log.exception("runwatch: closing alerting failed")
-                done = False
         if self.exporter is not None:
-            try:
+            with internal_errors("stopping /metrics", log):
                 self.exporter.close()
-            except Exception:
-                log.exception("runwatch: stopping /metrics failed")
         return done
 
 

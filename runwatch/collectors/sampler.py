@@ -34,6 +34,8 @@ from typing import Any, Protocol
 
 from runwatch.collectors.host import HostCollector
 from runwatch.collectors.nvml import NvmlCollector
+from runwatch.guard import Guard
+from runwatch.worker import Worker
 
 log = logging.getLogger("runwatch.collectors")
 
@@ -74,10 +76,16 @@ class Sampler:
         self.interval_s = float(interval_s)
         self.clock = clock
         self.polls = 0
-        self.errors = 0
         self.cpu_s = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._guards: dict[str, Guard] = {}
+        # The first poll at once, then one every interval_s; stop() wakes it at once.
+        self._worker = Worker(
+            "runwatch-sampler",
+            tick=self.poll_once,
+            interval=self.interval_s,
+            first_tick=0.0,
+            logger=log,
+        )
         self._lock = threading.Lock()
         self.gpus: NvmlCollector | None = None
         self.host: HostCollector | None = None
@@ -94,25 +102,12 @@ class Sampler:
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Sampler:
         """Start the polling thread (a no-op while the interpreter shuts down)."""
-        if self._thread is not None:
-            return self
-        thread = threading.Thread(target=self._loop, name="runwatch-sampler", daemon=True)
-        try:
-            thread.start()
-        except RuntimeError as exc:  # interpreter shutting down: disabled, not a crash
-            log.warning("runwatch: cannot start the system-metrics thread (%s)", exc)
-            return self
-        self._thread = thread
+        self._worker.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> bool:
         """Stop polling and release NVML; True if the thread ended within ``timeout`` s."""
-        self._stop.set()
-        thread = self._thread
-        ended = True
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-            ended = not thread.is_alive()
+        ended = self._worker.close(timeout)
         if ended and self.gpus is not None:
             with self._lock, self._guard("closing NVML"):
                 self.gpus.close()
@@ -120,7 +115,12 @@ class Sampler:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._worker.alive
+
+    @property
+    def errors(self) -> int:
+        """Errors caught so far (each site's first is logged, see ``runwatch.guard``)."""
+        return sum(guard.count for guard in self._guards.values()) + self._worker.errors.count
 
     def stats(self) -> dict[str, Any]:
         """Polls made, errors caught, CPU seconds spent polling (this thread's time)."""
@@ -134,12 +134,6 @@ class Sampler:
         }
 
     # -- polling -----------------------------------------------------------------------------
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self.poll_once()
-            if self._stop.wait(self.interval_s):
-                break
-
     def poll_once(self) -> None:
         """Read every collector once and log the readings (what the thread does each tick)."""
         started = time.thread_time()
@@ -166,29 +160,13 @@ class Sampler:
         self.polls += 1
         self.cpu_s += time.thread_time() - started
 
-    def _guard(self, what: str) -> _Guard:
-        return _Guard(self, what)
-
-
-class _Guard:
-    """The internal-error guard: log and count, never raise into the run."""
-
-    __slots__ = ("sampler", "what")
-
-    def __init__(self, sampler: Sampler, what: str) -> None:
-        self.sampler = sampler
-        self.what = what
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        if exc is None or not isinstance(exc, Exception):
-            return False
-        self.sampler.errors += 1
-        if self.sampler.errors <= 10:
-            log.warning("runwatch: system metrics: error %s: %r", self.what, exc)
-        return True
+    def _guard(self, what: str) -> Guard:
+        """This sampler's guard for ``what``: a collector bug or a GPU falling off the bus is
+        logged (once per site, as a warning: it is often the hardware) and counted."""
+        guard = self._guards.get(what)
+        if guard is None:
+            guard = self._guards[what] = Guard(f"in system metrics, {what}", log, logging.WARNING)
+        return guard
 
 
 def start_system_metrics(

@@ -16,18 +16,18 @@ import logging
 import os
 import queue
 import sys
-import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, Protocol
 
+from runwatch.guard import error_counts
 from runwatch.hook.backend import Backend, ReferenceRefused, StoreBackend
 from runwatch.hook.drops import DROP_REASONS, DropCounter
 from runwatch.hook.ranks import keeps_metric, rank_info, rank_labels
 from runwatch.hook.transport import HttpBackend, make_backend_from_env
-from runwatch.hook.writer import STOP, Flow, Writer
+from runwatch.hook.writer import Flow, Writer
 from runwatch.model import EVENT_KINDS, Event, SeriesBatch
 from runwatch.store import DEFAULT_STORE, RunExistsError
 
@@ -157,7 +157,6 @@ class Run:
             embedded = isinstance(self._backend, StoreBackend)
             sink = self._extras.start(self, self.run_id, self.store_path, embedded)
         self._writer = Writer(
-            log_queue=self._queue,
             backend=self._backend,
             attempt=attempt,
             labels=dict(labels or {}),
@@ -168,10 +167,9 @@ class Run:
             retries=store_retries,
             sink=sink,
         )
-        try:
-            self._writer.start()
-        except RuntimeError as exc:  # interpreter shutting down: disabled, not a crash
-            log.warning("runwatch: cannot start the writer thread (%s); run disabled", exc)
+        # The hot path puts straight on the writer's queue: run.log bounds and counts itself.
+        self._put = self._writer.worker.put
+        if not self._writer.worker.start():  # interpreter shutting down: disabled, logged
             return
         self._accepting = True
         _live_runs.add(self)
@@ -260,9 +258,7 @@ class Run:
         """Block until everything logged so far is written; True if it was in time."""
         if not self._accepting or self._writer is None:
             return False
-        done = threading.Event()
-        self._put(done)
-        return done.wait(timeout)
+        return self._writer.worker.flush(timeout)
 
     def stats(self) -> dict[str, Any]:
         """Counts: points logged, written, pending, dropped by reason; attempt and step."""
@@ -274,6 +270,7 @@ class Run:
             "dropped": self._drops.snapshot(),
             "attempt": self._writer.attempt if self._writer else None,
             "step": self.step,
+            "internal_errors": error_counts(),
         }
 
     def finish(self, timeout: float | None = None, *, status: str = "finished") -> None:
@@ -289,19 +286,13 @@ class Run:
         if self._extras is not None:
             self._extras.stop_sampler()
         writer = self._writer
-        if writer is not None and writer.is_alive():
-            self._put(STOP)
-            writer.join(min(0.5, timeout))
-            if writer.is_alive():
-                pending = self._flow.queued - self._flow.drained
-                log.info("runwatch: %d points pending, waiting up to %.0f s", pending, timeout)
-                writer.join(max(0.0, timeout - 0.5))
-            if writer.is_alive():
-                lost = self._flow.queued - self._flow.written
-                log.warning(
-                    "runwatch: finish timed out after %.1f s; %d points not written", timeout, lost
-                )
-                self._drops.add("queue_full", lost)
+        # Two-phase wait; what is still unwritten after ``timeout`` is counted (queue_full).
+        if writer is not None and not writer.worker.close(timeout):
+            log.warning(
+                "runwatch: finish timed out after %.1f s; %d points not written",
+                timeout,
+                writer.worker.lost,
+            )
         if self._extras is not None:  # bounded waits for detection and pending alerts
             self._extras.close(timeout - (time.monotonic() - started), self._alert_timeout)
         self._close_backend(status)
@@ -318,7 +309,7 @@ class Run:
             )
             log.warning("runwatch: run %r dropped points: %s", self.name, detail)
         backend, writer = self._backend, self._writer
-        if backend is None or (writer is not None and writer.is_alive()):
+        if backend is None or (writer is not None and writer.worker.alive):
             return
         try:
             backend.finish(

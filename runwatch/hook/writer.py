@@ -1,4 +1,4 @@
-"""The writer thread: drains the log queue, checks and batches points, writes the backend.
+"""The writer: drains the log queue, checks and batches points, writes the backend.
 
 Everything ``run.log`` skipped happens here: step and name checks, value coercion (including
 ``.item()`` on tensors), grouping by series, restart detection (a step lower than the last
@@ -9,15 +9,17 @@ about ``flush_interval`` plus one write before it is durable.
 A backend that fails (a store locked, read-only or on a full disk; a server down) is retried
 with backoff a bounded number of times; then the batch is dropped and counted under the
 backend's reason, and the run goes on.
+
+The thread, its queue, the stop and the two-phase wait at finish are a
+:class:`runwatch.worker.Worker`; this module is its handler (``_take``, one queued call) and
+its tick (``_flush``).
 """
 
 from __future__ import annotations
 
 import logging
 import operator
-import queue
 import random
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -25,16 +27,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from runwatch.guard import Guard
 from runwatch.hook.backend import Backend, BackendError
 from runwatch.hook.drops import DropCounter
 from runwatch.hook.values import RefusedValue, name_problem, to_float
 from runwatch.model import Event, SeriesBatch, SeriesPoints
 from runwatch.store import labels_key
+from runwatch.worker import Worker
 
 log = logging.getLogger("runwatch.hook")
-
-STOP = object()
-"""Sentinel that ends the writer after a final flush."""
 
 _REFUSED_NAME = object()
 _OTHER_RANKS_METRIC = object()
@@ -69,13 +70,16 @@ class _SeriesBuffer:
         self.values: list[float] = []
 
 
-class Writer(threading.Thread):
-    """Background thread that alone talks to the run's backend (see the module docstring)."""
+class Writer:
+    """The one thing that talks to the run's backend, on its own thread (``self.worker``).
+
+    ``worker.put`` is the run's queue; ``worker.start()``, ``worker.flush(timeout)`` and
+    ``worker.close(timeout)`` run it (see the module docstring).
+    """
 
     def __init__(
         self,
         *,
-        log_queue: queue.SimpleQueue[Any],
         backend: Backend,
         attempt: int,
         labels: dict[str, Any],
@@ -89,56 +93,44 @@ class Writer(threading.Thread):
         keep_metric: Callable[[str], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(name="runwatch-writer", daemon=True)
-        self._queue = log_queue
         self._backend = backend
         self.attempt = attempt
         self._labels = labels
         self._flow = flow
         self._drops = drops
-        self._flush_interval = flush_interval
         self._max_batch = max_batch_points
         self._retries = retries
         self._backoff = retry_backoff
         self._sink = sink
         self._keep_metric = keep_metric
-        self._clock = clock
         self._buffers: dict[str, Any] = {}
         self._events: list[Event] = []
         self._buffered = 0
+        self._sink_guard = Guard("feeding live detection a batch", log)
         self.last_step: int | None = None
+        # Flushed every flush_interval s, when a batch is full, on run.flush() and at the
+        # stop. The first flush has a random phase, so that hundreds of ranks started
+        # together do not all flush (and post to the server) at the same instant.
+        self.worker = Worker(
+            "runwatch-writer",
+            self._take,
+            tick=self._flush,
+            interval=flush_interval,
+            first_tick=flush_interval * (0.5 + random.random()),
+            on_stop=self._flush,
+            drops=drops,
+            backlog=self._unwritten,
+            unit="points",
+            clock=clock,
+            logger=log,
+        )
 
-    # -- the loop ----------------------------------------------------------------------------
-    def run(self) -> None:
-        get = self._queue.get
-        get_nowait = self._queue.get_nowait
-        # A random phase, so that hundreds of ranks started together do not all flush (and
-        # post to the server) at the same instant.
-        next_flush = self._clock() + self._flush_interval * (0.5 + random.random())
-        while True:
-            try:
-                item = get(timeout=max(0.0, next_flush - self._clock()))
-            except queue.Empty:
-                item = None
-            try:
-                while item is not None:
-                    if item is STOP:
-                        self._flush()
-                        return
-                    self._take(item)
-                    if self._buffered >= self._max_batch:
-                        break
-                    try:
-                        item = get_nowait()
-                    except queue.Empty:
-                        item = None
-                if self._clock() >= next_flush or self._buffered >= self._max_batch:
-                    self._flush()
-                    next_flush = self._clock() + self._flush_interval
-            except Exception:  # a runwatch bug must never kill the training run
-                log.exception("runwatch writer: internal error; continuing")
+    def _unwritten(self) -> int:
+        return self._flow.queued - self._flow.written
 
-    def _take(self, item: Any) -> None:
+    # -- one queued item (on the worker's thread) ----------------------------------------------
+    def _take(self, item: Any) -> bool:
+        """Take one queued call; True when the batch is full (the worker flushes at once)."""
         if type(item) is tuple:
             if len(item) == 3:
                 self._take_log(*item)
@@ -149,9 +141,7 @@ class Writer(threading.Thread):
                 # an event belongs to the process that logged it: its rank and host
                 item = replace(item, rank=self._labels.get("rank"), host=self._labels.get("host"))
             self._events.append(item)
-        elif isinstance(item, threading.Event):  # a flush request from run.flush()
-            self._flush()
-            item.set()
+        return self._buffered >= self._max_batch
 
     def _take_log(self, step: Any, stamp: float, data: dict[Any, Any]) -> None:
         n = len(data)
@@ -285,10 +275,8 @@ class Writer(threading.Thread):
     def _notify_sink(self, batch: SeriesBatch, events: list[Event]) -> None:
         if self._sink is None:
             return
-        try:
+        with self._sink_guard:  # detection must never cost the run its points
             self._sink(batch, events)
-        except Exception:  # detection must never cost the run its points
-            log.exception("runwatch: live detection failed on a batch; continuing")
 
     def _write_with_retries(self, batch: SeriesBatch, events: list[Event], n: int) -> bool:
         delay = self._backoff

@@ -21,13 +21,13 @@ about: live detection is then incomplete, and ``runwatch analyze`` gives the ful
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from runwatch.guard import Guard
 from runwatch.model import LABEL_KEYS, Anomaly, Event, SeriesBatch
+from runwatch.worker import Worker
 
 if TYPE_CHECKING:
     import numpy as np
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("runwatch.pipeline.live")
 
-_STOP = object()
 HANG_CHECK_EVERY_S = 5.0
 """How often the detection thread asks the hang detector, when no batch arrives."""
 
@@ -65,14 +64,27 @@ class LiveDetection:
         self.fleet: FleetMonitor | None = None
         self._ids: dict[int, int] = {}
         self._on_change = on_change
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._alert_guard = Guard("handing episodes to alerting", log)
         self._backlog = 0
         self._max_backlog = max_backlog_points
         self.skipped_points = 0
         self._store: Store | None = None
         self._series_order: dict[tuple[str, str], int] = {}
-        self._thread = threading.Thread(target=self._loop, name="runwatch-detect", daemon=True)
-        self._thread.start()
+        # Batch by batch; after HANG_CHECK_EVERY_S without one, the hang check (no data for
+        # a while is exactly when a hang shows).
+        self._worker = Worker(
+            "runwatch-detect",
+            self._take,
+            tick=self._check_hangs,
+            interval=HANG_CHECK_EVERY_S,
+            tick_when_idle=True,
+            on_start=self._start,
+            on_stop=self._finish,
+            backlog=lambda: self._backlog,
+            unit="points",
+            logger=log,
+        )
+        self._worker.start()
 
     # -- called from the writer thread --------------------------------------------------------
     def __call__(self, batch: SeriesBatch, events: list[Event]) -> None:
@@ -87,14 +99,13 @@ class LiveDetection:
                 )
             batch = []
         self._backlog += n
-        self._queue.put((batch, events, n))
+        if not self._worker.submit((batch, events, n)):  # not running: counted there
+            self._backlog -= n
 
     # -- called from the thread that finishes the run -----------------------------------------
     def close(self, timeout: float = 10.0) -> bool:
         """Finish detection (waiting up to ``timeout`` s), close open episodes, store them."""
-        self._queue.put(_STOP)
-        self._thread.join(timeout)
-        if self._thread.is_alive():
+        if not self._worker.close(timeout):
             log.warning(
                 "runwatch: live detection still %d points behind after %.1f s; "
                 "stopping it (run `runwatch analyze` for the complete answer)",
@@ -118,29 +129,20 @@ class LiveDetection:
         self.fleet = FleetMonitor(self.monitor.config, clock=time.time)
         self._store = Store(self._store_path)
 
-    def _loop(self) -> None:
+    def _take(self, item: tuple[SeriesBatch, list[Event], int]) -> None:
+        batch, events, n = item
         try:
-            self._start()
-        except Exception as exc:
-            log.warning("runwatch: live detection cannot start: %s", exc)
-            return
+            self._detect(batch, events)
+        finally:
+            self._backlog -= n
+
+    def _check_hangs(self) -> None:
+        self._save(self.fleet.tick())
+
+    def _finish(self) -> None:
+        """After the last batch: close open episodes and store them."""
         try:
-            while True:
-                try:
-                    item = self._queue.get(timeout=HANG_CHECK_EVERY_S)
-                except queue.Empty:  # no data for a while: exactly when a hang shows
-                    self._save(self.fleet.tick())
-                    continue
-                if item is _STOP:
-                    self._save(self.monitor.finish() + self.fleet.finish())
-                    return
-                batch, events, n = item
-                try:
-                    self._detect(batch, events)
-                except Exception:  # a runwatch bug must never cost the run anything
-                    log.exception("runwatch: live detection failed on a batch; continuing")
-                finally:
-                    self._backlog -= n
+            self._save(self.monitor.finish() + self.fleet.finish())
         finally:
             self._store.close()
 
@@ -239,7 +241,5 @@ class LiveDetection:
         else:
             return
         if self._on_change is not None:
-            try:  # alerting: (row id in the store, anomaly) for each episode that changed
+            with self._alert_guard:  # (row id in the store, anomaly) for each that changed
                 self._on_change([(self._ids[id(a)], a) for a in anomalies])
-            except Exception:
-                log.exception("runwatch: alerting failed on %d anomalies", len(anomalies))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -27,15 +26,16 @@ from typing import Any
 import numpy as np
 
 from runwatch.expect.reference import ReferenceCurve
+from runwatch.guard import Guard
 from runwatch.model import Anomaly, Event, SeriesPoints
 from runwatch.pipeline.live import LiveDetection
 from runwatch.server.errors import ApiError
 from runwatch.server.schemas import Batch
 from runwatch.store import Store
+from runwatch.worker import Worker
 
 log = logging.getLogger("runwatch.server")
 
-_STOP = object()
 OnChange = Callable[[list[tuple[int, Anomaly]]], None]
 OnChangeFactory = Callable[[int], OnChange]
 """Given a run id, the callback its live detection calls with changed episodes (alerting)."""
@@ -70,24 +70,32 @@ class IngestWriter:
         self._on_change = on_change
         self._max_group = max_group_points
         self._max_queued = max_queued_points
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._queued = 0
         self._marks: dict[str, int] = {}
         self._attempts: dict[int, set[int]] = {}
         self._detections: dict[int, LiveDetection] = {}
         self._references: dict[int, Mapping[str, ReferenceCurve]] = {}
-        self._thread: threading.Thread | None = None
+        self._detect_guard = Guard("feeding the server's live detection", log)
+        # Jobs are taken as they come and written as one group when the queue runs dry or
+        # the group is full, and at the stop.
+        self._group: list[_Job] = []
+        self._group_points = 0
+        self._worker = Worker(
+            "runwatch-ingest",
+            self._take,
+            tick=self._write_pending,
+            on_stop=self._write_pending,
+            backlog=lambda: self._queued,
+            unit="points",
+            logger=log,
+        )
         self.stored_points = 0
 
     # -- called from request handlers ---------------------------------------------------------
     def start(self) -> None:
         with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._loop, name="runwatch-ingest", daemon=True
-                )
-                self._thread.start()
+            self._worker.start()
 
     @property
     def queued_points(self) -> int:
@@ -109,14 +117,15 @@ class IngestWriter:
                     {"Retry-After": "1"},
                 )
             self._queued += job.points
-        self._queue.put(job)
+        if not self._worker.submit(job):  # closed: say so rather than never answer
+            with self._lock:
+                self._queued -= job.points
+            raise ApiError(503, "server shutting down", None, "the writer has stopped")
         return job.future
 
     def close(self, timeout: float = 30.0) -> None:
         """Write what is queued, stop, finish live detection; the store stays open."""
-        if self._thread is not None:
-            self._queue.put(_STOP)
-            self._thread.join(timeout)
+        self._worker.close(timeout)
         for run_id in list(self._detections):
             self.close_detection(run_id, timeout=10.0)
 
@@ -140,34 +149,27 @@ class IngestWriter:
             detection.close(timeout)
 
     # -- the writer thread -------------------------------------------------------------------
-    def _loop(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is _STOP:
-                return
-            jobs, n, stop = [job], job.points, False
-            while n < self._max_group:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is _STOP:
-                    stop = True
-                    break
-                jobs.append(more)
-                n += more.points
-            try:
-                self._write_group(jobs)
-            except Exception as exc:  # never leave a request waiting forever
-                log.exception("runwatch serve: ingest failed")
-                for j in jobs:
-                    if not j.future.done():
-                        j.future.set_exception(exc)
-            finally:
-                with self._lock:
-                    self._queued -= n
-            if stop:
-                return
+    def _take(self, job: _Job) -> bool:
+        """Add a job to the group; True (write it now) when full or nothing else waits."""
+        self._group.append(job)
+        self._group_points += job.points
+        return self._group_points >= self._max_group or self._worker.empty()
+
+    def _write_pending(self) -> None:
+        jobs, n = self._group, self._group_points
+        if not jobs:
+            return
+        self._group, self._group_points = [], 0
+        try:
+            self._write_group(jobs)
+        except Exception as exc:  # never leave a request waiting forever
+            log.exception("runwatch serve: ingest failed")
+            for j in jobs:
+                if not j.future.done():
+                    j.future.set_exception(exc)
+        finally:
+            with self._lock:
+                self._queued -= n
 
     def _write_group(self, jobs: list[_Job]) -> None:
         ready = []
@@ -266,7 +268,7 @@ class IngestWriter:
         return results
 
     def _feed_detection(self, run_id: int, batches: list[Batch]) -> None:
-        try:
+        with self._detect_guard:  # detection must never cost a run its points
             sink = self._detection(run_id)
             for batch in batches:
                 points = [
@@ -281,8 +283,6 @@ class IngestWriter:
                     for e in batch.events
                 ]
                 sink(points, events)
-        except Exception:  # detection must never cost a run its points
-            log.exception("runwatch serve: live detection failed for run %d", run_id)
 
     def _detection(self, run_id: int) -> LiveDetection:
         detection = self._detections.get(run_id)
