@@ -5,13 +5,15 @@ The hook (``runwatch.hook``) only logs and writes; it sits below detection and a
 imports neither. ``runwatch/__init__`` hands it :func:`attach`, which the hook calls once
 per run at ``init()``. Everything heavy is imported when it is needed: detection on the
 detection thread, alerting only with a webhook, rules file or Prometheus port, the sampler
-only with ``system_metrics=True``. See docs/architecture.md for the layers.
+only with ``system_metrics=True``, the DCGM poller only with ``dcgm=URL``. See
+docs/architecture.md for the layers.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from runwatch.model import Event, SeriesBatch
@@ -39,6 +41,7 @@ class Attached:
         prometheus_port: int | None,
         system_metrics: bool,
         system_metrics_interval: float,
+        dcgm: Mapping[str, Any] | None = None,
     ) -> None:
         self._monitor = monitor
         self._roles = roles
@@ -50,9 +53,11 @@ class Attached:
         }
         self._system_metrics = system_metrics
         self._interval = system_metrics_interval
+        self._dcgm_options = dcgm
         self.alerting: RunAlerting | None = None
         self.detection: LiveDetection | None = None
         self.sampler: Any = None
+        self.dcgm: Any = None
 
     def start(
         self, run: Any, run_id: int, store_path: str, embedded: bool
@@ -76,15 +81,22 @@ class Attached:
         return self.detection
 
     def start_sampler(self, run: Any) -> None:
-        """GPU (NVML) and host readings on a thread of their own, if asked for."""
+        """GPU (NVML) and host readings, and DCGM readings from Prometheus, on threads of
+        their own, if asked for."""
         if self._system_metrics:
             from runwatch.collectors.sampler import start_system_metrics
 
             self.sampler = start_system_metrics(run, self._interval)
+        if self._dcgm_options is not None:
+            from runwatch.collectors.dcgm_poller import start_dcgm
+
+            self.dcgm = start_dcgm(run, **self._dcgm_options)
 
     def stop_sampler(self) -> None:
         if self.sampler is not None:
             self.sampler.stop(1.0)
+        if self.dcgm is not None:
+            self.dcgm.stop(1.0)
 
     def close(self, timeout: float, alert_timeout: float) -> None:
         """Finish live detection (up to ``timeout`` s), then wait (bounded) for alerts."""
@@ -96,6 +108,7 @@ class Attached:
     def after_fork(self) -> None:
         """In a forked child the threads do not exist: forget them."""
         self.sampler = None
+        self.dcgm = None
 
 
 def attach(
@@ -110,13 +123,18 @@ def attach(
     prometheus_port: int | None = None,
     system_metrics: bool = False,
     system_metrics_interval: float = 10.0,
+    dcgm: str | None = None,
+    dcgm_interval: float = 15.0,
+    dcgm_hosts: Sequence[str] | None = None,
 ) -> Attached:
     """The extras of run ``name``, checked before anything is written.
 
     ``monitor``: live detection (a mapping gives metric roles). ``reference``: judge each
     loss against that earlier run's curve; a wrong name, or ``monitor=False``, raises
     ``ValueError`` here. With a server (``embedded=False``) the server's detection reads
-    the reference itself.
+    the reference itself. ``dcgm``: poll DCGM readings from that Prometheus (default
+    ``$RUNWATCH_DCGM_URL``; a malformed URL raises ``ValueError`` here), see
+    :func:`dcgm_options`.
     """
     roles = monitor if isinstance(monitor, Mapping) else None
     if reference and not monitor:
@@ -139,4 +157,61 @@ def attach(
         prometheus_port=prometheus_port,
         system_metrics=system_metrics,
         system_metrics_interval=system_metrics_interval,
+        dcgm=dcgm_options(dcgm, dcgm_interval, dcgm_hosts),
     )
+
+
+def dcgm_options(
+    url: str | None,
+    interval_s: float,
+    hosts: Sequence[str] | None,
+    env: Mapping[str, str] = os.environ,
+) -> dict[str, Any] | None:
+    """What the DCGM poller of this process gets, checked now; None: this process does not
+    poll (no URL, ``dcgm=""``, or a rank other than 0: one poller per job is enough).
+
+    The hosts are ``hosts`` (in the launcher's node order) or this host. A process started
+    by a launcher maps (host, gpu) to ranks by block placement (GPU ``i`` of the ``k``-th
+    host is rank ``k * G + i``, ``G`` from ``$LOCAL_WORLD_SIZE`` or the world size over the
+    hosts); a single process labels GPUs by host and index only.
+
+    Parameters
+    ----------
+    url : str, optional
+        The Prometheus URL; None reads ``$RUNWATCH_DCGM_URL``.
+    interval_s : float
+        Seconds between polls.
+    hosts : sequence of str, optional
+        The hosts whose GPUs are read.
+    env : mapping
+        The environment (the launcher's variables).
+    """
+    if url is None:
+        url = env.get("RUNWATCH_DCGM_URL") or None
+    if url is None or url == "":
+        return None
+    from runwatch.collectors.dcgm import RankMap, check_url
+    from runwatch.collectors.dcgm_poller import check_hosts, check_interval
+    from runwatch.hook.ranks import rank_info
+
+    url = check_url(url)
+    interval_s = check_interval(interval_s)
+    info = rank_info(env)
+    hosts = check_hosts(hosts) if hosts is not None else [info.host]
+    if info.rank not in (None, 0):
+        return None
+    ranks = None
+    if info.rank is not None:
+        per_host = _int(env.get("LOCAL_WORLD_SIZE"))
+        if per_host is None and info.world_size:
+            per_host = max(1, info.world_size // len(hosts))
+        if per_host is not None:
+            ranks = RankMap.block(hosts, per_host, info.world_size)
+    return {"url": url, "interval_s": interval_s, "hosts": hosts, "ranks": ranks}
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None

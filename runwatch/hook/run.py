@@ -18,7 +18,7 @@ import queue
 import sys
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Protocol
 
@@ -92,6 +92,9 @@ class Run:
         prometheus_port: int | None = None,
         system_metrics: bool = False,
         system_metrics_interval: float = 10.0,
+        dcgm: str | None = None,
+        dcgm_interval: float = 15.0,
+        dcgm_hosts: Sequence[str] | None = None,
         keep_metric: Callable[[str], bool] | None = None,
         reference: str | None = None,
     ) -> None:
@@ -131,6 +134,9 @@ class Run:
                 prometheus_port=prometheus_port,
                 system_metrics=system_metrics,
                 system_metrics_interval=system_metrics_interval,
+                dcgm=dcgm,
+                dcgm_interval=dcgm_interval,
+                dcgm_hosts=dcgm_hosts,
             )
         try:
             self._backend = backend if backend is not None else StoreBackend(self.store_path)
@@ -371,6 +377,15 @@ def init(
     ``$RUNWATCH_ALERTS``) uses a rules file (see ``runwatch.alerting``); ``alert_timeout``
     (default 10 s) bounds how long ``finish()`` waits for pending alerts;
     ``prometheus_port=P`` serves ``/metrics`` on 127.0.0.1:P (0 picks a free port).
+
+    GPU telemetry: ``system_metrics=True`` polls NVML and the host every
+    ``system_metrics_interval`` s (default 10). ``dcgm=URL`` (or ``$RUNWATCH_DCGM_URL``) reads
+    the GPUs' DCGM exporter metrics from that Prometheus every ``dcgm_interval`` s (default
+    15, the exporter's usual scrape interval) into the run as ``gpu_*`` series labelled rank,
+    host and gpu, and XIDs as ``xid`` events; the GPUs of this host, or of the hosts in
+    ``dcgm_hosts=[...]`` (in the launcher's node order). Only rank 0 (or a single process)
+    polls. Prometheus being down is one warning, and polling goes on; a malformed URL raises
+    ``ValueError`` here.
 
     ``reference="RUN"``: live detection in reference mode, each loss judged against that
     earlier (known-good) run's curve in the same store, aligned by step, instead of a fit

@@ -2,7 +2,8 @@
 
 The token comes from ``--token-file`` (or ``$RUNWATCH_TOKEN``), never from the command line,
 where ``ps`` would show it to every user of the machine. ``--insecure`` (no token) is refused
-unless the server listens on a loopback address only.
+unless the server listens on a loopback address only. ``--dcgm URL`` polls that Prometheus for
+the DCGM readings of the running runs' GPUs (:mod:`runwatch.server.dcgm`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,20 @@ def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
         metavar="REQ_PER_S",
         help="requests per second per client address (0: no limit)",
     )
+    serve.add_argument(
+        "--dcgm",
+        metavar="URL",
+        default=os.environ.get("RUNWATCH_DCGM_URL") or None,
+        help="Prometheus URL to read the DCGM exporter's GPU metrics from, for the hosts of "
+        "the running runs (default: $RUNWATCH_DCGM_URL; none: no polling)",
+    )
+    serve.add_argument(
+        "--dcgm-interval",
+        type=float,
+        default=15.0,
+        metavar="S",
+        help="seconds between DCGM polls (default 15, the exporter's usual scrape interval)",
+    )
     return {"serve": cmd_serve}
 
 
@@ -95,6 +110,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be 1..65535 (got {args.port})")
+    if args.dcgm:  # a malformed URL or interval is exit 2 before anything starts
+        from runwatch.collectors.dcgm import check_url
+        from runwatch.collectors.dcgm_poller import check_interval
+
+        check_url(args.dcgm)
+        check_interval(args.dcgm_interval, "--dcgm-interval")
     if args.insecure:
         if not is_loopback(args.host):
             raise ValueError(f"--insecure is allowed only on a loopback address, not {args.host}")
@@ -120,6 +141,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         metrics_app=metrics_asgi_app(args.db),
     )
     app = create_app(settings)
+    dcgm = _dcgm(args, app) if args.dcgm else None
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -137,9 +159,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         uvicorn.Server(config).run()
     finally:
+        if dcgm is not None:
+            dcgm.stop(timeout=5.0)
         if engine is not None:
             engine.close(timeout=10.0)
     return 0
+
+
+def _dcgm(args: argparse.Namespace, app: Any) -> Any:
+    """Start polling ``--dcgm`` into the running runs, through the app's ingest writer."""
+    from runwatch.server.dcgm import ServerDcgm
+    from runwatch.server.errors import ApiError
+
+    service = app.state.service
+
+    def submit(run_id: int, batches: list[Any]) -> Any:
+        writer = service.writer  # None once the server has shut down: never reopen it
+        if writer is None:
+            raise ApiError(503, "server shutting down", None, "the writer has stopped")
+        return writer.submit(run_id, batches)
+
+    return ServerDcgm(args.db, args.dcgm, submit, interval_s=args.dcgm_interval).start()
 
 
 def _alerting(args: argparse.Namespace) -> tuple[Any, Any]:

@@ -1,13 +1,20 @@
-"""The DCGM path against a real Prometheus server scraping recorded exporter text."""
+"""The DCGM path against a real Prometheus server scraping recorded exporter text.
+
+:func:`prometheus_scraping` (a real Prometheus scraping a tiny exporter that serves recorded
+``dcgm-exporter`` text for some hosts) is shared with ``test_dcgm_poller.py`` and
+``tests/server/test_serve_dcgm.py``.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import shutil
 import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -78,20 +85,22 @@ class Exporter(http.server.BaseHTTPRequestHandler):
         """Quiet: the test checks what arrived, not the access log."""
 
 
-@pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory):
+@contextlib.contextmanager
+def prometheus_scraping(d: Path, hosts: Sequence[str]) -> Iterator[PrometheusSource]:
+    """A real Prometheus scraping, every second, the recorded exporter text of ``hosts``
+    (two GPUs each); yields a client once it holds every host's samples. Skips the test if
+    the prometheus binary is absent (CI installs it: .ci/run)."""
     if PROMETHEUS is None:
         pytest.skip(
             "prometheus is not installed (apt-get install -y --no-install-recommends prometheus)"
         )
-    d: Path = tmp_path_factory.mktemp("prom")
     exporter = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
     threading.Thread(target=exporter.serve_forever, daemon=True).start()
     target = f"127.0.0.1:{exporter.server_address[1]}"
     jobs = "\n".join(
-        f"  - job_name: dcgm-{h}\n    metrics_path: /{h}/metrics\n"
+        f"  - job_name: dcgm-{i}\n    metrics_path: /{h}/metrics\n"
         f"    static_configs: [{{targets: ['{target}']}}]"
-        for h in ("node-a", "node-b")
+        for i, h in enumerate(hosts)
     )
     (d / "prom.yml").write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\nscrape_configs:\n" + jobs + "\n"
@@ -114,7 +123,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory):
     try:
         while True:  # the first samples land ~5-6 s after start: poll with a deadline
             try:
-                if len(source.query("DCGM_FI_DEV_GPU_TEMP")) == 4:
+                if len(source.query("DCGM_FI_DEV_GPU_TEMP")) == 2 * len(hosts):
                     break
             except PrometheusError as exc:  # not scraped yet: poll again
                 last_error = exc
@@ -130,6 +139,13 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory):
         proc.terminate()
         proc.wait(10)
         exporter.shutdown()
+        exporter.server_close()
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusSource]:
+    with prometheus_scraping(tmp_path_factory.mktemp("prom"), ("node-a", "node-b")) as source:
+        yield source
 
 
 def test_dcgm_readings_come_back_under_ranks_hosts_and_gpus(prometheus):
@@ -171,3 +187,13 @@ def test_an_unreachable_server_raises_prometheus_error():
     source = PrometheusSource(f"http://127.0.0.1:{free_port()}", timeout_s=1)
     with pytest.raises(PrometheusError):
         source.query("up")
+
+
+def test_a_query_naming_hundreds_of_hosts_goes_as_a_form(prometheus):
+    hosts = [f"gpu-node-{i:04d}.cluster.example" for i in range(300)] + ["node-b"]
+    assert len(DcgmSource(prometheus).promql(hosts)) > 4000  # too long for a URL
+    found = DcgmSource(prometheus).gpus(hosts=hosts)
+    assert [(g.host, g.gpu, g.values["gpu_temp_c"]) for g in found] == [
+        ("node-b", 0, 60.0),
+        ("node-b", 1, 91.0),
+    ]
