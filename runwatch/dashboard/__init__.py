@@ -15,7 +15,7 @@ SERVE_PATH = Path(__file__).with_name("asgi_app.py")
 DB_ENV = "RUNWATCH_DASHBOARD_DB"
 CHART_PAGES = ("run", "anomalies", "compare", "fleet")
 """Url paths of the pages that draw plotly charts (see ``app.PAGES``): their HTML tells the
-browser to fetch plotly.js at once (``preload.py``)."""
+browser to fetch plotly.js at once (``streamlit_internals.py``)."""
 APP_ICON = "📈"
 """The page icon (one place: the app sets it, the server warms Streamlit up for it)."""
 

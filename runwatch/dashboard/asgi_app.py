@@ -13,8 +13,8 @@ import streamlit as st
 from starlette.middleware import Middleware
 
 from runwatch.dashboard import APP_PATH, CHART_PAGES
-from runwatch.dashboard.preload import PreloadHints
 from runwatch.dashboard.server import warm_up
+from runwatch.dashboard.streamlit_internals import PreloadHints
 
 warm_up()
 

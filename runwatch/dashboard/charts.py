@@ -8,19 +8,17 @@ Frames are already downsampled and carry an ``x`` column (step, wall time or tok
 builders only draw. Raw points are always drawn; with smoothing they fade (as in
 TensorBoard) but stay, so a spike is never hidden by the EMA.
 
-Traces are SVG (``go.Scatter``), not WebGL: with at most ~4,000 points per trace SVG is
-quick everywhere, while WebGL on a machine without a GPU (a headless browser, a remote
-desktop) falls back to software rendering and drew the 1M-step Run page 2-3x slower
-(bench/dashboard.py); it also spends one WebGL context per panel, which browsers cap.
+Traces are SVG (``go.Scatter``), not WebGL: with at most ``data.MAX_POINTS`` points per
+trace SVG is quick everywhere, while WebGL on a machine without a GPU (a headless browser,
+a remote desktop) falls back to software rendering and draws the Run page slower; it also
+spends one WebGL context per panel, which browsers cap.
 
-What plotly.js spends its drawing time on decides two more choices (measured on the
-1M-step figure in headless Chromium, Plotly.newPlot): redone steps are one faded *line* per
-earlier attempt, not markers (a marker is an SVG node styled one by one; 1,000 per panel
-took 0.5 s of a 1.2 s draw), and the run chart has fixed margins with axis automargin off
-(automargin measures every tick label and then draws the whole figure a second time:
-another 0.3 s). Every axis's type is given and tick labels are not checked for overflow,
-which spares plotly.js a scan of the data and a measurement of every tick label (~25 ms of
-a ~250 ms cold draw, renderer CPU).
+What plotly.js spends its drawing time on decides two more choices: redone steps are one
+faded *line* per earlier attempt, not markers (a marker is an SVG node styled one by one),
+and the run chart has fixed margins with axis automargin off (automargin measures every
+tick label and then draws the whole figure a second time). Every axis's type is given and
+tick labels are not checked for overflow, which spares plotly.js a scan of the data and a
+measurement of every tick label. The measurements are in bench/README-dashboard.md.
 """
 
 from __future__ import annotations
@@ -74,9 +72,9 @@ def _new_figure(traces: list[dict[str, Any]], layout: dict[str, Any], height: in
     """A figure built in one go from plain dicts, in the shared look (``base_layout``'s).
 
     One ``go.Figure(dict)`` validates the figure once; ``update_layout`` and friends validate
-    and merge on every call, and merging the named template into an existing figure alone
-    took ~45 ms (0.4 s for a template given as a dict). Here the template is a dict made
-    once, which the constructor validates with the rest instead of merging it.
+    and merge on every call, and merging the named template into an existing figure is the
+    costliest of those merges. Here the template is a dict made once, which the constructor
+    validates with the rest instead of merging it.
     """
     full = {"template": _template(), **_base_props(height), **layout}
     return go.Figure({"data": traces, "layout": full})
@@ -142,8 +140,8 @@ class _Spec:
     """A figure being built as plain dicts: traces, shapes and annotations.
 
     plotly's incremental API (``add_trace(row=)``, ``add_vline(row="all")``,
-    ``update_xaxes``) validates and merges on every call and took 0.2-0.4 s for the run
-    chart; one ``go.Figure(dict)`` at the end validates the same figure in ~0.03 s.
+    ``update_xaxes``) validates and merges on every call; one ``go.Figure(dict)`` at the end
+    validates the same figure once (bench/README-dashboard.md).
     """
 
     def __init__(self) -> None:
@@ -494,10 +492,10 @@ def _x_type(panels: Sequence[tuple[str, pd.DataFrame]]) -> str:
 def placeholder_figure(height: int, text: str) -> go.Figure:
     """An empty chart of the final height, sent before the data is read.
 
-    The browser starts running plotly.js (a 4.7 MB script Streamlit loads only when the first
-    chart arrives; chart pages have it fetched with the page, ``preload.py``) and reserves
-    the chart's space while the server reads and fits; the real figure then replaces it in
-    place, without the page jumping.
+    The browser starts running plotly.js (a large script Streamlit loads only when the first
+    chart arrives; chart pages have it fetched with the page, ``streamlit_internals.py``)
+    and reserves the chart's space while the server reads and fits; the real figure then
+    replaces it in place, without the page jumping.
     """
     note = {
         "text": text,

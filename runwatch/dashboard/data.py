@@ -143,7 +143,7 @@ def loss_forecast(db: str, run: str, metric: str) -> dict[str, Any] | None:
     """The expected curve fitted on the run so far, its band, and the final value and ETA.
 
     Fitted on the min/max-downsampled series (``FORECAST_POINTS``), not every point: the fit
-    bins points anyway, and this keeps a million-step run's forecast well under a second.
+    bins points anyway, so its cost does not grow with the run's length.
     None when there is too little data to fit.
     """
     store = reader(db)
@@ -197,7 +197,7 @@ def _stored_forecast(
     store: Store, run: str, metric: str, series: pd.DataFrame
 ) -> dict[str, Any] | None:
     """The forecast from the expected curve ``runwatch analyze`` stored, when it was fitted
-    on every step the run has now (None otherwise: the page then fits, ~0.3 s).
+    on every step the run has now (None otherwise: the page then fits its own).
 
     Its final value and band are the curve's at the final step; the ETA comes from the
     pace of the run's latest steps.

@@ -6,7 +6,7 @@ command as a child next to the run it writes. The store path travels in ``DB_ENV
 the URL, so a browser cannot point the server at another file.
 
 What Streamlit runs is ``asgi_app.py``: Streamlit's own ASGI app (``st.App``) around the
-router, with runwatch's preload hints (``preload.py``), served by uvicorn.
+router, with runwatch's preload hints (``streamlit_internals.py``), served by uvicorn.
 """
 
 from __future__ import annotations
@@ -127,34 +127,28 @@ def startup_log(proc: subprocess.Popen) -> str:
 def warm_up() -> float:
     """Pay the process's one-time costs before the first visitor does; returns seconds.
 
-    The first page drawn in a fresh server used to pay ~0.3 s of first use on its critical
-    path: plotly importing ~160 validator modules and loading its template for the first
-    figure, and Streamlit compiling its emoji table for the page icon. Done here, before
-    the server listens, the first visit is as quick as the later ones.
+    Otherwise the first page drawn in a fresh server pays them on its critical path: plotly
+    importing its validator modules and loading its template for the first figure, and
+    Streamlit loading its emoji catalog for the page icon. Done here, before the server
+    listens, the first visit is as quick as the later ones.
 
     Last, everything alive by then (modules, plotly's validators and template) is moved out
     of the garbage collector's sight (``gc.freeze``). Streamlit runs a full collection after
-    every script run (each page view, each live tick), which walked those ~180k objects every
-    time: 70-130 ms holding the GIL, right when the browser fetches the page's widget code.
-    Now it walks only what the runs made. Frozen objects are never freed, so this is done
-    once, on what lives as long as the process anyway.
+    every script run (each page view, each live tick), which would walk all those objects
+    every time, holding the GIL right when the browser fetches the page's widget code. Now
+    it walks only what the runs made. Frozen objects are never freed, so this is done once,
+    on what lives as long as the process anyway. The measurements are in
+    bench/README-dashboard.md.
     """
     started = time.perf_counter()
     import numpy as np
     import pandas as pd
     import plotly.io as pio
-    from streamlit.string_util import is_emoji
 
     from runwatch.dashboard.charts import placeholder_figure, run_figure
+    from runwatch.dashboard.streamlit_internals import warm_up_streamlit
 
-    is_emoji(APP_ICON)
-    # Streamlit's first element of the process checks once whether it runs in a REPL, with
-    # inspect.stack() from deep in the script thread (~0.1 s). `streamlit run` is not a
-    # REPL, so mark that check as done (a no-op if a Streamlit release renames the flag).
-    from streamlit import delta_generator
-
-    if hasattr(delta_generator, "_use_warning_has_been_displayed"):
-        delta_generator._use_warning_has_been_displayed = True
+    warm_up_streamlit(APP_ICON)
     steps = np.arange(1, 65)
     frame = pd.DataFrame(
         {"step": steps, "time": steps * 1.0, "value": 1.0 / steps, "superseded": False}
@@ -174,7 +168,8 @@ def warm_up() -> float:
 def serve(db: str, host: str, port: int, open_browser: bool) -> int:
     """Run the dashboard in this process until it is stopped (blocks)."""
     import click
-    from streamlit.web import cli as stcli
+
+    from runwatch.dashboard.streamlit_internals import run_cli
 
     check_port(host, port)
     os.environ[DB_ENV] = str(Path(db).resolve())
@@ -183,9 +178,7 @@ def serve(db: str, host: str, port: int, open_browser: bool) -> int:
     if open_browser:
         threading.Thread(target=_open_when_ready, args=(url,), daemon=True).start()
     try:
-        stcli.main.main(
-            args=streamlit_args(host, port), prog_name="streamlit", standalone_mode=False
-        )
+        run_cli(streamlit_args(host, port))
     except click.exceptions.Abort:
         # Ctrl-C: uvicorn shuts the server down cleanly, then re-raises the interrupt
         # (which click turns into Abort); that is the normal way to stop, not an error.

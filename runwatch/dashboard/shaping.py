@@ -297,8 +297,8 @@ def markdown_table(frame: pd.DataFrame, raw: tuple[str, ...] = ()) -> str:
     Markdown (a severity badge) and are not escaped.
 
     The Run page lists its anomalies and events this way rather than with ``st.dataframe``:
-    the data grid is ~1.5 MB of JavaScript that a cold browser evaluates after plotly.js,
-    ~0.3 s on this machine (bench/dashboard.py), for tables of a few dozen rows.
+    the data grid is a large JavaScript chunk that a cold browser evaluates after plotly.js,
+    on the page's critical path, for tables of a few dozen rows (bench/README-dashboard.md).
 
     >>> print(markdown_table(pd.DataFrame({"a": [1], "b": ["x|y"]})))
     | a | b |

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from runwatch.dashboard import shaping
-from runwatch.dashboard.preload import COMPILE_HINT
 from runwatch.dashboard.server import dashboard_command, free_port, url_of, wait_ready
+from runwatch.dashboard.streamlit_internals import COMPILE_HINT
 from runwatch.store import open_store
 
 CHROMIUM = Path("/usr/bin/chromium")

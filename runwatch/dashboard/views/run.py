@@ -113,8 +113,8 @@ def chart() -> None:
     slot = st.empty()
     if "run_chart" not in st.session_state:
         # First draw in this tab: an empty chart goes out before the reads and the fit, so
-        # the browser runs plotly.js meanwhile (~0.5-1 s on a cold page; the download
-        # started with the page, preload.py). Reruns keep the drawn chart instead. Its
+        # the browser runs plotly.js meanwhile (the download started with the page,
+        # streamlit_internals.py). Reruns keep the drawn chart instead. Its
         # config is the real chart's: a config change makes plotly redraw from scratch.
         slot.plotly_chart(
             placeholder_figure(run_figure_height(len(panel_metrics)), "reading the run…"),

@@ -1,22 +1,30 @@
-"""Preload hints: a chart page's plotly.js starts downloading with the page, not after it.
+"""Everything runwatch does that relies on Streamlit internals, in one place.
 
-Streamlit's frontend fetches plotly.js (a 4.7 MB chunk) only when the first chart element
-arrives over the websocket, ~1.3-2 s into a cold visit of the Run page; downloading it then
-put ~0.5 s on the page's critical path (bench/dashboard.py). A ``Link: <...>;
-rel=modulepreload`` header on the HTML of the pages that draw charts lets the browser fetch
-and parse it (off the main thread) while the page shell loads; when the chart arrives, only
-running it is left. Pages without charts (the Runs table) do not get the header: there the
-download would only compete with the page.
+Streamlit gives no public API for these, so each may break with a Streamlit release.
+``CHECKED_STREAMLIT`` names the versions they were checked on, and
+``tests/dashboard/test_streamlit_internals.py`` fails, naming this module, when the installed
+Streamlit is outside that range. To widen it: run that test file and ``test_browser.py``, and
+``bench/dashboard.py`` for the Run page's time (bench/README-dashboard.md).
 
-The same middleware serves that chunk with V8's explicit compile hint in front
-(``COMPILE_HINT``): Chromium then compiles all of plotly.js on a background thread while it
-downloads, instead of function by function on the main thread while it runs (the chunk's
-evaluation went from ~0.9 to ~0.6 s on a cold visit here). To any other browser it is a
-comment.
-
-The chunk's name carries a content hash that changes with every Streamlit release, so it is
-looked up once, in the installed Streamlit's static files; when it is not found (a renamed
-chunk), no header is sent and pages load plotly.js on demand as before.
+1. **Preload hints** (``PreloadHints``, an ASGI middleware around Streamlit's app). The
+   frontend fetches plotly.js, one of the largest chunks it has, only when the first chart
+   element arrives over the websocket, well into a cold visit of the Run page. A ``Link:
+   <...>; rel=modulepreload`` header on the HTML of the pages that draw charts lets the
+   browser fetch and parse it (off the main thread) while the page shell loads; when the
+   chart arrives, only running it is left. Pages without charts (the Runs table) do not get
+   the header: there the download would only compete with the page. Relies on: the layout
+   of Streamlit's static files and the name of its plotly chunk (``CHUNK_GLOB``); when the
+   chunk is not found, no header is sent and pages load plotly.js on demand as before.
+2. **Compile hint** (same middleware): the plotly chunk is served with V8's explicit compile
+   hint in front (``COMPILE_HINT``), so Chromium compiles all of plotly.js on a background
+   thread while it downloads instead of function by function on the main thread while it
+   runs. To any other browser it is a comment. Relies on: rewriting that one asset.
+3. **Warm-up** (``warm_up_streamlit``): loads the emoji catalog Streamlit checks the page
+   icon against, before the first visitor pays for it. Relies on: ``streamlit.string_util``;
+   when it is gone, the warm-up skips it.
+4. **Running the server in this process** (``run_cli``): Streamlit's command line called as
+   a function, so that ``runwatch dashboard`` is the server process. Relies on:
+   ``streamlit.web.cli``.
 """
 
 from __future__ import annotations
@@ -28,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("runwatch.dashboard")
+
+CHECKED_STREAMLIT = ("1.67.0", "1.68")
+"""Streamlit versions this module was checked on: ``CHECKED_STREAMLIT[0] <= v < [1]``."""
 
 CHUNK_GLOB = "PlotlyChart.*.js"
 COMPILE_HINT = b"//# allFunctionsCalledOnLoad\n"
@@ -161,3 +172,20 @@ def with_compile_hint(send: Any) -> Any:
         await send(message)
 
     return send_hinted
+
+
+def warm_up_streamlit(page_icon: str) -> None:
+    """Pay Streamlit's one-time cost of checking ``page_icon`` (its emoji catalog) now."""
+    try:
+        from streamlit.string_util import is_emoji
+    except ImportError:
+        log.info("streamlit.string_util.is_emoji is gone; the page icon is not warmed up")
+        return
+    is_emoji(page_icon)
+
+
+def run_cli(args: list[str]) -> None:
+    """``streamlit <args>`` in this process, until the server stops (blocks)."""
+    from streamlit.web import cli as stcli
+
+    stcli.main.main(args=args, prog_name="streamlit", standalone_mode=False)

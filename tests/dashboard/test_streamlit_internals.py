@@ -1,4 +1,6 @@
-"""Preload hints: chart pages name plotly.js in a ``Link`` header, other pages do not."""
+"""What runwatch takes from Streamlit internals: the versions it was checked on, the preload
+and compile hints (chart pages name plotly.js in a ``Link`` header, other pages do not), the
+warm-up and the in-process command line."""
 
 from __future__ import annotations
 
@@ -6,18 +8,62 @@ import ast
 import asyncio
 import logging
 import re
+import sys
 from pathlib import Path
 
 import pytest
+import streamlit
+from packaging.version import Version
 
 from runwatch.dashboard import APP_PATH, CHART_PAGES, SERVE_PATH
-from runwatch.dashboard.preload import (
+from runwatch.dashboard import streamlit_internals as internals
+from runwatch.dashboard.streamlit_internals import (
+    CHECKED_STREAMLIT,
     COMPILE_HINT,
     PreloadHints,
     link_header,
     plotly_chunks,
     streamlit_js_dir,
 )
+
+
+def test_the_installed_streamlit_is_one_the_internals_were_checked_on() -> None:
+    low, high = (Version(v) for v in CHECKED_STREAMLIT)
+    installed = Version(streamlit.__version__)
+    assert low <= installed < high, (
+        f"Streamlit {installed} is outside {low} <= v < {high}, the versions "
+        "runwatch/dashboard/streamlit_internals.py was checked on. Re-check each item its "
+        "docstring lists (tests/dashboard, incl. test_browser.py; bench/dashboard.py for the "
+        "Run page's time), then update CHECKED_STREAMLIT."
+    )
+
+
+def test_no_other_module_reaches_into_streamlit_internals() -> None:
+    """Only ``streamlit_internals.py`` imports Streamlit below its public ``st`` namespace or
+    touches its private names."""
+    package = Path(internals.__file__).parent
+    offenders = []
+    for path in package.rglob("*.py"):
+        if path.name == "streamlit_internals.py":
+            continue
+        text = path.read_text()
+        if re.search(r"from streamlit[. ]|import streamlit\.|streamlit\.\w+\._|\bst\.\w*\._", text):
+            offenders.append(path.name)
+    assert not offenders, f"move these uses of Streamlit internals: {offenders}"
+
+
+def test_the_warm_up_survives_a_streamlit_without_the_emoji_check(monkeypatch, caplog) -> None:
+    internals.warm_up_streamlit("📈")
+    monkeypatch.setitem(sys.modules, "streamlit.string_util", None)  # importing it fails
+    with caplog.at_level(logging.INFO, logger="runwatch.dashboard"):
+        internals.warm_up_streamlit("📈")
+    assert "not warmed up" in caplog.text
+
+
+def test_the_command_line_entry_point_is_there() -> None:
+    from streamlit.web import cli as stcli
+
+    assert callable(stcli.main.main)
 
 
 def test_the_installed_streamlit_has_one_plotly_chunk_and_it_is_preloaded_first() -> None:
