@@ -27,9 +27,9 @@ gpu        Int64 (nullable), >= 0: the device *index*, as in NVML and
 =========  ==========================================================
 
 Speed: clean CSV goes through pandas' C parser a chunk at a time and is validated with
-vectorised checks (several million rows a second); only a chunk that fails them, or holds
-quoted fields, is re-read row by row in Python to find and name the first bad line. JSONL is
-parsed one ``json.loads`` per line.
+vectorised checks; only a chunk that fails them, or holds quoted fields, is re-read row by
+row in Python to find and name the first bad line. JSONL is parsed one ``json.loads`` per
+line.
 
 >>> import io
 >>> src = io.StringIO()
@@ -466,7 +466,8 @@ def _every_line_has_fields(chunk: bytes, width: int, rows: int) -> bool:
 
 
 def _absent_ints(n: int) -> pd.arrays.IntegerArray:
-    """An all-NA Int64 column, built directly (``pd.array([None] * n)`` is ~50x slower)."""
+    """An all-NA Int64 column, built directly (``pd.array([None] * n)`` inspects every
+    element first)."""
     return pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
 
 

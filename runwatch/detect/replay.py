@@ -36,9 +36,10 @@ def _objects(column: pd.Series, order: np.ndarray | None) -> tuple[np.ndarray, n
     """``column.to_numpy(dtype=object)[order]``, with one Python object per distinct value,
     and a code per row (equal values, missing ones alike, share one).
 
-    Converting a string or number column row by row makes one Python object per row
-    (~60 bytes each: 180 MB for a 3M-point run's metric names); taking the few distinct
-    values by code makes only pointers to them.
+    Converting a string or number column row by row makes one Python object per row:
+    hundreds of MB of metric names for a run of millions of points
+    (bench/results/analyze_memory.md). Taking the few distinct values by code makes only
+    pointers to them.
     """
     codes, uniques = pd.factorize(column, use_na_sentinel=False)
     codes = _take(codes, order)

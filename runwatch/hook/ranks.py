@@ -8,8 +8,9 @@ the training code's process group uses.
 
 Why label every series: a straggler is one rank's step time, a bad GPU one host's telemetry;
 without rank and host on the series they would be averaged away. Why not every metric on every
-rank: the loss is the same all-reduced number on 1,000 ranks, and logging it 1,000 times costs
-the server 1,000x for nothing. :func:`keeps_metric` is that default policy.
+rank: the loss is the same all-reduced number on every rank, and logging it from each one
+multiplies the server's work by the number of ranks for nothing. :func:`keeps_metric` is that
+default policy.
 
 >>> rank_labels({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8"}, host="node-a")
 {'rank': 3, 'host': 'node-a'}

@@ -1,8 +1,8 @@
 """Reading a request body safely: size limits, gzip, JSON or NDJSON, validated in one pass.
 
 Why by hand and not FastAPI's body parameters: FastAPI reads a JSON body with ``json.loads``
-and validates the Python objects afterwards (three times slower than pydantic-core reading
-the bytes), and knows neither gzip nor NDJSON. Limits are enforced while reading, so an
+and validates the Python objects afterwards (slower than pydantic-core reading the bytes in
+one pass), and knows neither gzip nor NDJSON. Limits are enforced while reading, so an
 oversized or zip-bomb body costs at most the limit: the compressed size on the wire
 (``max_body_bytes``) and the decompressed size (``max_inflated_bytes``).
 """

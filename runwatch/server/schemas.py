@@ -8,7 +8,8 @@ writes them), because a NaN loss is a signal, not a gap.
 
 Numbers are validated strictly, with two fixes found by schemathesis: a JSON
 ``true`` is never a number, and ``3.0`` is an integer (JSON Schema says so). Validation runs in
-pydantic-core straight from the bytes (``validate_json``), 3x faster than ``json.loads``.
+pydantic-core straight from the bytes (``validate_json``), without first building the Python
+objects that ``json.loads`` would.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Compact encoding of a block of points (steps, wall times, values) into one blob.
 
-Why blocks and not a row per point: a SQLite row costs ~35 bytes before any index, which is
-more than wandb's 128 B/scalar budget allows us to beat comfortably and far above our goal of
-<= 16 bytes per point; inserting a million rows a second from Python is out of reach as well.
+Why blocks and not a row per point: a SQLite row has a fixed cost of tens of bytes before any
+index, far above our goal of <= 16 bytes per point, and inserting one row per point from
+Python cannot keep up with the writer (bytes per point and writer throughput:
+``bench/log_overhead.py``, bench/README-logging.md).
 A block of up to a few thousand points of one series compresses well because neighbouring
 points look alike:
 
@@ -38,7 +39,7 @@ _INT_DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in ("<i1", "<i2", "<
 _FLOAT_DTYPES: tuple[np.dtype, ...] = (np.dtype("<f4"), np.dtype("<f8"))
 _TIME_RAW = 4  # some but not all times missing: float64 as given
 _TIME_ABSENT = 5  # no wall times at all (an import without a time column)
-_ZLIB_LEVEL = 1  # level 1 is ~4x faster than 6 and within ~10% of its size on point data
+_ZLIB_LEVEL = 1  # on point data, level 1 is much faster than 6 and nearly as small
 
 
 def _smallest_int_code(deltas: np.ndarray) -> int:
