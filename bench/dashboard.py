@@ -13,6 +13,8 @@
 5. Dashboard process memory (peak RSS, VmHWM) after drawing the page (<= 500 MB).
 6. What W&B (bucketed: mean line + min/max band), TensorBoard (1,000 random samples per tag)
    and runwatch (min/max per bucket, <= 4,000 points) show for that one-step spike.
+
+Dated results: bench/results/dashboard.md; what they mean: bench/README-dashboard.md.
 """
 
 from __future__ import annotations
