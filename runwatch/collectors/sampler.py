@@ -4,7 +4,7 @@ and logs what they read through the run, under their own labels.
 Why a thread of its own: a poll of eight GPUs is a few hundred NVML calls, and the training
 loop must not pay for them; the sampler only ever calls ``run.log_labeled`` and ``run.event``,
 which never block. Why 10 s by default: hardware faults (heat, ECC, power capping) build over
-minutes, and at 10 s the collector costs far below 0.5% of a core (``bench/fleet.py``).
+minutes, and at 10 s the collector's cost is negligible (``bench/results/fleet.md``).
 
 Every poll runs inside one guard: a collector bug or a GPU falling off the bus is logged and
 counted, and never reaches the training run.

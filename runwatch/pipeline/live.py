@@ -6,14 +6,14 @@ them from the store (by step, then by series), so ``runwatch analyze`` on the fi
 finds the same anomalies as were found live. Episodes are saved as they open, grow and close
 (source ``live``), through the detection thread's own store connection.
 
-Each series of a batch goes through its detectors at once (``Monitor.
-update_batch``: exactly what ``Monitor.update`` row by row gives, and much cheaper);
-a batch in which a series goes back (a restart) goes row by row.
+Each series of a batch goes through its detectors at once (``Monitor.update_batch``:
+exactly what ``Monitor.update`` row by row gives, and much cheaper); a batch in which a
+series goes back (a restart) goes row by row.
 
-Why a thread of its own: detection costs about as much per point as writing (~0.6 us each,
-``bench/log_overhead.py``), and far more on a batch full of flagged points. Run in the writer,
-it would at least halve the writer's throughput and delay durability; here it can only fall
-behind. If it falls more than ``max_backlog_points`` behind (a run logging
+Why a thread of its own: detection costs about as much per point as writing
+(``bench/log_overhead.py``), and far more on a batch full of flagged points. Run in the
+writer, it would at least halve the writer's throughput and delay durability; here it can
+only fall behind. If it falls more than ``max_backlog_points`` behind (a run logging
 hundreds of thousands of points a second), whole batches are skipped, counted and warned
 about: live detection is then incomplete, and ``runwatch analyze`` gives the full answer.
 """
