@@ -362,37 +362,47 @@ def init(
 ) -> Run:
     """Start (or resume, as a new attempt) a monitored run and return it.
 
-    ``store`` defaults to ``$RUNWATCH_STORE`` or ``runwatch.db`` in the working directory.
-    A run of the same name resumes as a new attempt unless ``resume=False``.
-
-    Multi-process and multi-node runs push to ``runwatch serve`` instead: ``url=`` (or
-    ``$RUNWATCH_URL``) and ``token=`` (or ``$RUNWATCH_TOKEN`` / ``$RUNWATCH_TOKEN_FILE``).
-    The rank, world size and host are read from the launcher (torchrun, SLURM, MPI) and
-    label every series; every rank joins one run and one attempt. By default rank 0 logs
-    the run-level metrics and every rank its own step time and telemetry
-    (``all_ranks=True`` keeps every metric of every rank).
-
-    Alerting options: ``webhook=URL`` (or ``$RUNWATCH_WEBHOOK_URL``) sends warnings and worse
-    to a JSON webhook with the packaged default rules; ``alerts=PATH`` (or
-    ``$RUNWATCH_ALERTS``) uses a rules file (see ``runwatch.alerting``); ``alert_timeout``
-    (default 10 s) bounds how long ``finish()`` waits for pending alerts;
-    ``prometheus_port=P`` serves ``/metrics`` on 127.0.0.1:P (0 picks a free port).
-
-    GPU telemetry: ``system_metrics=True`` polls NVML and the host every
-    ``system_metrics_interval`` s (default 10). ``dcgm=URL`` (or ``$RUNWATCH_DCGM_URL``) reads
-    the GPUs' DCGM exporter metrics from that Prometheus every ``dcgm_interval`` s (default
-    15, the exporter's usual scrape interval) into the run as ``gpu_*`` series labelled rank,
-    host and gpu, and XIDs as ``xid`` events; the GPUs of this host, or of the hosts in
-    ``dcgm_hosts=[...]`` (in the launcher's node order). Only rank 0 (or a single process)
-    polls. Prometheus being down is one warning, and polling goes on; a malformed URL raises
-    ``ValueError`` here.
-
-    ``reference="RUN"``: live detection in reference mode, each loss judged against that
-    earlier (known-good) run's curve in the same store, aligned by step, instead of a fit
-    (``runwatch analyze --reference`` does the same on replay). With ``url=``, the server's
-    live detection does it, reading the reference from the server's store. It raises
-    ``ValueError`` (before anything is written) for an unknown reference, one without the
-    run's loss, or with ``monitor=False``.
+    Parameters
+    ----------
+    name
+        The run (default ``$RUNWATCH_RUN``, else ``run-<date>-<time>``). A run of the same
+        name resumes as a new attempt unless ``resume=False``.
+    project, config
+        Grouping and the run's config; config keys with a meaning: ``params``,
+        ``total_steps``, ``tokens_per_step``, ``schedule`` (docs/architecture.md).
+    store
+        The SQLite file (default ``$RUNWATCH_STORE``, else ``runwatch.db`` here).
+    url, token
+        Push to ``runwatch serve`` instead (``$RUNWATCH_URL``, ``$RUNWATCH_TOKEN`` or
+        ``$RUNWATCH_TOKEN_FILE``): for multi-process and multi-node runs. The rank, world
+        size and host come from the launcher (torchrun, SLURM, MPI) and label every series;
+        every rank joins one run and one attempt.
+    all_ranks
+        Keep every metric of every rank (default: rank 0 logs the run-level metrics, every
+        rank its own step time and telemetry).
+    monitor
+        Live detection (default on; a mapping gives metric roles; ``False`` turns it off).
+    reference
+        ``"RUN"``: judge each loss against that earlier, known-good run's curve in the same
+        store, aligned by step, instead of a fit (``runwatch analyze --reference`` on
+        replay). With ``url=``, the server's detection reads it from the server's store.
+        An unknown reference, one without the run's loss, or ``monitor=False`` raises
+        ``ValueError`` before anything is written.
+    webhook, alerts, alert_timeout, prometheus_port
+        ``webhook=URL`` (or ``$RUNWATCH_WEBHOOK_URL``) sends warnings and worse to a JSON
+        webhook with the packaged default rules; ``alerts=PATH`` (or ``$RUNWATCH_ALERTS``)
+        uses a rules file (``runwatch.alerting``); ``alert_timeout`` (default 10 s) bounds
+        how long ``finish()`` waits for pending alerts; ``prometheus_port=P`` serves
+        ``/metrics`` on 127.0.0.1:P (0 picks a free port).
+    system_metrics, system_metrics_interval
+        Poll NVML and the host every ``system_metrics_interval`` s (default 10).
+    dcgm, dcgm_interval, dcgm_hosts
+        ``dcgm=URL`` (or ``$RUNWATCH_DCGM_URL``): read the GPUs' DCGM exporter metrics from
+        that Prometheus every ``dcgm_interval`` s (default 15, the exporter's usual scrape
+        interval) as ``gpu_*`` series labelled rank, host and gpu, and XIDs as ``xid``
+        events; the GPUs of this host, or of ``dcgm_hosts=[...]`` (in the launcher's node
+        order). Only rank 0 (or a single process) polls; Prometheus being down is one
+        warning and polling goes on; a malformed URL raises ``ValueError`` here.
     """
     global _current
     if name is None:
