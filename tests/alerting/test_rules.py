@@ -130,7 +130,12 @@ def test_defaults_need_a_webhook_and_take_it_from_the_environment() -> None:
     rules = load_rules(env={"RUNWATCH_WEBHOOK_URL": "http://127.0.0.1:1/h"})
     assert rules.channels["default"].url == "http://127.0.0.1:1/h"
     assert rules.channels["default"].secret is None
-    route = rules.routes[0]
+    critical, route = rules.routes
+    assert (critical.min_severity, critical.group_wait, critical.group_interval) == (
+        "critical",
+        0,
+        30,
+    )
     assert (route.min_severity, route.group_by) == ("warning", ("run", "detector", "metric"))
     assert (route.group_wait, route.group_interval, route.repeat_interval) == (10, 60, 4 * 3600)
     assert rules.inhibit[0].equal == ("run",)
