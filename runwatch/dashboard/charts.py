@@ -24,6 +24,7 @@ measurement of every tick label. The measurements are in bench/README-dashboard.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -117,6 +118,107 @@ def _finite_top(frame: pd.DataFrame) -> float:
     return float(finite.max()) if finite.size else 1.0
 
 
+FOCUS_SKIP = 0.02
+"""The share of a trace's first points always counted as its start (warm-up, a first
+step that compiles): the focused y-range never has to hold them."""
+FOCUS_BAND = 3.0
+"""A curve has settled once its rolling median is within this many late-run spreads
+(the 5-95% range of its second half) of the late-run median."""
+FOCUS_GAIN = 1.5
+"""Focus only when it helps: the full data must span this many times the focused range."""
+FOCUS_MARGIN = 0.06
+"""Room above and below the focused data, as a share of its span."""
+PIN_AT = 0.88
+"""How high in a focused panel a NaN's marker sits, as a share of the range."""
+
+
+def focus_range(
+    frame: pd.DataFrame, *, log: bool = False, keep: pd.DataFrame | None = None
+) -> list[float] | None:
+    """The y-range of a panel that leaves out the curve's initial fall, or None (autorange).
+
+    A loss that falls from 10 to 3 in the first steps would otherwise squash the rest of
+    the run, the part that matters, into a flat line. The fall ends where the curve's
+    rolling median first comes within ``FOCUS_BAND`` late-run spreads of the late-run
+    median (robust quantiles of the second half), and never before the first
+    ``FOCUS_SKIP`` of the points. The range then spans *every* value after that point, not
+    a quantile of them: a one-step spike later in the run stays on screen at full height.
+    Earlier attempts' redone points and the ``keep`` marks (x, value: anomaly markers, the
+    expected band, the forecast) are held in view when they lie past the fall. Nothing is
+    cut from the data: the figure keeps every point, and a double click autoranges.
+
+    Parameters
+    ----------
+    frame
+        The panel's frame (``x``, ``value``, optionally ``superseded``), in x order.
+    log
+        The axis is logarithmic: the range is in decades (plotly's log-axis units), and
+        values <= 0 are left out.
+    keep
+        Marks (columns ``x`` and ``value``) to keep in view if they lie past the fall.
+
+    Returns
+    -------
+    list of float or None
+        ``[low, high]`` in axis units, or None when the full data spans less than
+        ``FOCUS_GAIN`` times that range (autorange shows it well enough).
+    """
+    live = frame[~frame["superseded"]] if "superseded" in frame else frame
+    y = _axis_units(live["value"], log)
+    ok = np.isfinite(y)
+    y, xs = y[ok], live["x"].to_numpy()[ok]
+    n = y.size
+    if n < 20:
+        return None
+    late = y[n // 2 :]
+    mid = float(np.median(late))
+    q05, q95 = np.quantile(late, [0.05, 0.95])
+    spread = float(q95 - q05) or max(abs(mid) * 1e-3, 1e-12)
+    rolling = pd.Series(y).rolling(max(5, n // 100), center=True, min_periods=1).median()
+    skip = max(1, math.ceil(FOCUS_SKIP * n))
+    settled = np.flatnonzero(
+        np.abs(rolling.to_numpy()[skip : n // 2 + 1] - mid) <= FOCUS_BAND * spread
+    )
+    knee = skip + int(settled[0]) if settled.size else skip
+    after = [y[knee:]]
+    start = xs[knee]
+    marks = [frame[frame["superseded"]]] if "superseded" in frame else []
+    if keep is not None and len(keep):
+        marks.append(keep)
+    for mark in marks:
+        past = mark[(mark["x"] >= start).to_numpy()]
+        values = _axis_units(past["value"], log)
+        after.append(values[np.isfinite(values)])
+    shown = np.concatenate(after)
+    low, high = float(shown.min()), float(shown.max())
+    margin = FOCUS_MARGIN * (high - low) if high > low else max(abs(high) * 0.05, 1e-9)
+    low, high = low - margin, high + margin
+    whole = np.concatenate([y, shown])
+    if whole.max() - whole.min() <= FOCUS_GAIN * (high - low):
+        return None
+    return [low, high]
+
+
+def _axis_units(values: Any, log: bool) -> np.ndarray:
+    """Values as plotly places them on the axis: log10 on a log axis (NaN for <= 0)."""
+    v = np.asarray(values, dtype=float)
+    if not log:
+        return v
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(v > 0, np.log10(np.where(v > 0, v, 1.0)), np.nan)
+
+
+def _pin_height(y_range: list[float] | None, log: bool) -> float | None:
+    """Where a mark without a finite value (a NaN) sits in a focused panel: near its top,
+    low enough for its label to show (the top of the data would be the initial fall, off
+    screen)."""
+    if y_range is None:
+        return None
+    low, high = y_range
+    top = low + (high - low) * PIN_AT
+    return float(10**top) if log else float(top)
+
+
 def _per_attempt(old: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """x and y of the redone steps as one line per earlier attempt, a gap between them.
 
@@ -194,7 +296,13 @@ def _small(values: Any) -> np.ndarray:
 
 
 def _add_series(
-    spec: _Spec, row: int, name: str, frame: pd.DataFrame, color: str, smoothed: bool
+    spec: _Spec,
+    row: int,
+    name: str,
+    frame: pd.DataFrame,
+    color: str,
+    smoothed: bool,
+    pin: float | None = None,
 ) -> None:
     live = frame[~frame["superseded"]] if "superseded" in frame else frame
     old = frame[frame["superseded"]] if "superseded" in frame else frame.iloc[:0]
@@ -243,7 +351,7 @@ def _add_series(
         spec.trace(
             row,
             x=bad["x"].to_numpy(),
-            y=[_finite_top(live)] * len(bad),
+            y=[_finite_top(live) if pin is None else pin] * len(bad),
             mode="markers+text",
             text=["NaN" if np.isnan(v) else "inf" for v in bad["value"]],
             textposition="top center",
@@ -317,7 +425,11 @@ def _add_expected(spec: _Spec, expected: pd.DataFrame, forecast: dict[str, Any] 
 
 
 def _add_anomalies(
-    spec: _Spec, rows: dict[str, int], frames: dict[str, pd.DataFrame], anomalies: pd.DataFrame
+    spec: _Spec,
+    rows: dict[str, int],
+    frames: dict[str, pd.DataFrame],
+    anomalies: pd.DataFrame,
+    pins: dict[int, float | None],
 ) -> None:
     shown: set[str] = set()
     for rec in anomalies.itertuples(index=False):
@@ -330,7 +442,8 @@ def _add_anomalies(
             spec.span(row, rec.x0, rec.x1, fillcolor=color, opacity=0.06 if judged else 0.14)
         y = _value_at(frames[rec.metric], rec.x0)
         if not np.isfinite(y):
-            y = _finite_top(frames[rec.metric])
+            pin = pins.get(row)
+            y = _finite_top(frames[rec.metric]) if pin is None else pin
         spec.trace(
             row,
             x=[rec.x0],
@@ -416,13 +529,16 @@ def run_figure(
     x_title: str = "step",
     highlight: tuple[Any, Any] | None = None,
     height: int | None = None,
+    focus: Sequence[str] = (),
 ) -> go.Figure:
     """The run chart: one row per (metric, frame), the first row tall and holding the
     expected curve, its band and the forecast.
 
     ``anomalies`` has id, metric, x0, x1, y (observed), severity, message, state; each is a
     clickable marker (``customdata`` = anomaly id) and an episode is a shaded span.
-    ``restarts`` are (x, label) drawn as vertical lines across every row.
+    ``restarts`` are (x, label) drawn as vertical lines across every row. The panels
+    of the ``focus`` metrics open on the part of the run after its initial fall
+    (``focus_range``); their data is still drawn in full.
     """
     n = max(1, len(panels))
     base = _base_props(height or run_figure_height(n))  # the legend is merged below
@@ -430,14 +546,23 @@ def run_figure(
     spec = _Spec()
     rows = {metric: i + 1 for i, (metric, _) in enumerate(panels)}
     frames = dict(panels)
+    pins: dict[int, float | None] = {}
     for i, (metric, frame) in enumerate(panels):
-        _add_series(spec, i + 1, metric, frame, PALETTE[i % len(PALETTE)], smoothed)
-        if metric in log_y:
-            layout[_axis_key("y", i + 1)]["type"] = "log"
+        row, log = i + 1, metric in log_y
+        axis = layout[_axis_key("y", row)]
+        if log:
+            axis["type"] = "log"
+        if metric in focus:
+            keep = _marks_to_keep(row, metric, frame, expected, forecast, anomalies)
+            y_range = focus_range(frame, log=log, keep=keep)
+            if y_range is not None:
+                axis.update(range=y_range, autorange=False)
+            pins[row] = _pin_height(y_range, log)
+        _add_series(spec, row, metric, frame, PALETTE[i % len(PALETTE)], smoothed, pins.get(row))
     if expected is not None and len(expected):
         _add_expected(spec, expected, forecast)
     if anomalies is not None and len(anomalies):
-        _add_anomalies(spec, rows, frames, anomalies)
+        _add_anomalies(spec, rows, frames, anomalies, pins)
     for x, label in restarts:
         for row in range(1, n + 1):
             spec.vline(row, x, line={"color": "#111827", "width": 1.2, "dash": "dot"})
@@ -480,6 +605,35 @@ def run_figure(
     return _new_figure(spec.traces, layout, height=base["height"])
 
 
+def _marks_to_keep(
+    row: int,
+    metric: str,
+    frame: pd.DataFrame,
+    expected: pd.DataFrame | None,
+    forecast: dict[str, Any] | None,
+    anomalies: pd.DataFrame | None,
+) -> pd.DataFrame:
+    """What a focused panel must keep in view (``focus_range``'s ``keep``): its anomaly
+    markers, where they sit on the curve, and on the top panel the expected band and the
+    forecast with its interval."""
+    parts = []
+    if anomalies is not None and len(anomalies):
+        mine = anomalies[anomalies["metric"] == metric]
+        if len(mine):
+            ys = [_value_at(frame, x) for x in mine["x0"]]
+            parts.append(pd.DataFrame({"x": mine["x0"].tolist(), "value": ys}))
+    if row == 1 and expected is not None and len(expected):
+        for column in ("lower", "upper"):
+            parts.append(pd.DataFrame({"x": expected["x"], "value": expected[column]}))
+    if row == 1 and forecast is not None:
+        parts.append(
+            pd.DataFrame(
+                {"x": [forecast["x"]] * 2, "value": [forecast["lower"], forecast["upper"]]}
+            )
+        )
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["x", "value"])
+
+
 def _x_type(panels: Sequence[tuple[str, pd.DataFrame]]) -> str:
     """The x-axes' type, given rather than guessed: plotly.js otherwise scans every axis's
     data to tell numbers from dates (wall time) when it draws."""
@@ -514,6 +668,21 @@ def placeholder_figure(height: int, text: str) -> go.Figure:
 def run_figure_height(panels: int) -> int:
     """The run chart's height in pixels: the loss panel tall, the others 150 px each."""
     return 460 if panels <= 1 else 360 + 150 * (panels - 1)
+
+
+def drawn_anomalies(anomalies: pd.DataFrame, show_info: bool = False) -> pd.DataFrame:
+    """The anomalies the run chart marks: warnings and critical ones always, info-level ones
+    only when asked for. A healthy run has many info findings (small blips that never turn
+    it orange, ``shaping.health_of``); drawn as markers they bury the few that matter. The
+    lists under the chart and the Anomalies page still have them all.
+
+    >>> a = pd.DataFrame({"severity": ["info", "warning", "critical"]})
+    >>> drawn_anomalies(a)["severity"].tolist()
+    ['warning', 'critical']
+    """
+    if show_info or anomalies.empty:
+        return anomalies
+    return anomalies[anomalies["severity"] != "info"]
 
 
 def anomaly_marks(anomalies: pd.DataFrame, to_x: Any) -> pd.DataFrame:

@@ -69,6 +69,28 @@ def test_pages_in_a_real_browser_and_a_benign_verdict_is_stored(server) -> None:
             expect(chart.get_by_text("loss", exact=True).first).to_be_visible()
             expect(chart.get_by_text("critical anomaly")).to_be_visible()
             expect(chart.get_by_text("restart #2 (resume)")).to_be_visible()
+            # A first look (issue 17): the run's title is the top of the page, with no stray
+            # text above it; the last step's age has no arrow; info-level markers are off;
+            # the loss panel opens past the initial fall (a double click shows it all).
+            title_y = page.get_by_role("heading", name="demo-400", level=1).bounding_box()["y"]
+            main = page.locator("[data-testid=stMain]")
+            above = [
+                el.inner_text()
+                for el in main.locator("[data-testid=stMarkdownContainer]").all()
+                if el.bounding_box() and el.bounding_box()["y"] < title_y
+            ]
+            assert not above, above
+            card = main.locator("[data-testid=stMetric]", has_text="Last step")
+            expect(card.get_by_test_id("stMetricDelta")).to_have_text(re.compile(r"^\d.* ago$"))
+            assert card.locator("svg").count() == 0  # no arrow
+            assert "- ago" not in main.inner_text()
+            expect(chart.get_by_text("warning anomaly")).to_be_visible()
+            expect(chart.get_by_text("info anomaly")).to_have_count(0)
+            y_range = chart.evaluate("gd => gd._fullLayout.yaxis.range")
+            with open_store(db, readonly=True) as store:
+                loss = store.read_series("demo-400", "loss")["value"]
+            assert y_range[1] < loss.max()  # the start of the fall is above the top edge
+            assert y_range[0] < loss.iloc[len(loss) // 2 :].min()  # the rest is in view
             # The clock's escaped colons (ui.clock_text) show as plain colons.
             clock = page.get_by_text(re.compile(r"^updated \d\d:\d\d:\d\d$"))
             expect(clock.first).to_be_visible()
@@ -82,6 +104,11 @@ def test_pages_in_a_real_browser_and_a_benign_verdict_is_stored(server) -> None:
             expect(page.get_by_role("table").get_by_text("nonfinite").first).to_be_visible()
             page.wait_for_timeout(1500)
             page.screenshot(path=str(ARTIFACTS / "run.png"), full_page=True)
+            chart.locator(".nsewdrag").first.dblclick()  # plotly: autorange, all the data
+            page.wait_for_function(
+                "top => document.querySelector('.js-plotly-plot')._fullLayout.yaxis.range[1] > top",
+                arg=float(loss.max()),
+            )
 
             page.goto(f"{url}/anomalies")
             expect(page.get_by_text("CRITICAL · nonfinite")).to_be_visible(timeout=30_000)

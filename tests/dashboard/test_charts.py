@@ -6,7 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from runwatch.dashboard.charts import anomaly_marks, run_figure
+from runwatch.dashboard.charts import (
+    anomaly_marks,
+    drawn_anomalies,
+    focus_range,
+    run_figure,
+)
 from runwatch.dashboard.charts_compare import compare_figure, scaling_figure
 from runwatch.store.downsample import minmax_downsample
 
@@ -198,3 +203,114 @@ def test_the_run_chart_and_its_placeholder_share_the_look_of_every_figure() -> N
     assert empty.layout.height == 510 and not empty.data
     assert empty.layout.annotations[0].text == "reading the run…"
     assert empty.layout.xaxis.visible is False and empty.layout.yaxis.visible is False
+
+
+def _falling(n: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """A loss that falls 10 -> ~3 in the first few % of steps, then creeps down with noise."""
+    rng = np.random.default_rng(seed)
+    step = np.arange(1, n + 1)
+    value = 3.0 + 7.0 * np.exp(-step / 25.0) - 0.2 * step / n
+    value *= 1 + 0.01 * rng.standard_normal(n)
+    return pd.DataFrame({"step": step, "x": step, "value": value, "superseded": False})
+
+
+def test_the_loss_panel_opens_past_the_initial_fall_with_every_point_still_drawn() -> None:
+    frame = _falling()
+    later = frame[frame["step"] > 200]["value"]
+    fig = run_figure([("loss", frame), ("lr", _frame())], focus=["loss"])
+    layout = fig.to_dict()["layout"]
+    low, high = layout["yaxis"]["range"]
+    assert layout["yaxis"]["autorange"] is False
+    # Everything after the fall is in view, with a small margin; the fall (10 -> 4) is not.
+    assert low < later.min() and high > later.max()
+    assert high - low < 0.25 * (frame["value"].max() - frame["value"].min())
+    assert high < 4.0
+    # ... and nothing is cut from the data: a double click (autorange) shows it all.
+    loss = next(t for t in fig.data if t.name == "loss")
+    assert len(loss.y) == len(frame) and max(loss.y) == pytest.approx(frame["value"].max())
+    # Only the panels asked for are focused.
+    assert "range" not in layout["yaxis2"]
+    assert "range" not in run_figure([("loss", frame)]).to_dict()["layout"]["yaxis"]
+
+
+def test_focus_on_a_log_axis_is_in_decades() -> None:
+    frame = _falling()
+    low, high = focus_range(frame, log=True)
+    later = frame[frame["step"] > 200]["value"]
+    assert 10**low < later.min() and 10**high > later.max() and 10**high < 4.0
+    fig = run_figure([("loss", frame)], focus=["loss"], log_y=["loss"])
+    assert fig.layout.yaxis.type == "log" and list(fig.layout.yaxis.range) == [low, high]
+
+
+def test_a_spike_after_the_fall_stays_on_screen_at_full_height() -> None:
+    frame = _falling()
+    frame.loc[1500, "value"] = 6.0  # one step, as min/max downsampling keeps it
+    low, high = focus_range(frame)
+    assert high > 6.0 and low < 3.0 and high < 7.0  # the fall (10 -> 6) stays out
+    frame.loc[1500, "value"] = 25.0  # higher than the fall: autorange shows both
+    assert focus_range(frame) is None
+
+
+def test_a_curve_without_an_initial_fall_keeps_autorange() -> None:
+    rng = np.random.default_rng(1)
+    flat = pd.DataFrame({"x": np.arange(500), "value": 3.0 + 0.05 * rng.standard_normal(500)})
+    assert focus_range(flat) is None
+    assert focus_range(_falling(n=10)) is None  # too few points to tell
+    assert "range" not in run_figure([("loss", flat)], focus=["loss"]).to_dict()["layout"]["yaxis"]
+
+
+def test_focus_keeps_markers_forecast_and_redone_steps_past_the_fall_in_view() -> None:
+    frame = _falling()
+    old = frame[frame["step"] > 1200].assign(superseded=True, value=lambda f: f["value"] + 1.5)
+    with_redone = pd.concat([frame, old], ignore_index=True)
+    assert focus_range(with_redone)[1] > old["value"].max()
+    marks = pd.DataFrame({"x": [5, 1900], "value": [9.0, 2.0]})  # one in the fall, one after
+    low, high = focus_range(frame, keep=marks)
+    assert low < 2.0 and high < 4.0  # the mark in the fall does not widen it
+    fc = {"x": 2500, "predicted": 2.5, "lower": 2.3, "upper": 2.7}
+    fig = run_figure([("loss", frame)], forecast=fc, expected=_expected(), focus=["loss"])
+    assert fig.layout.yaxis.range[0] < 2.3
+
+
+def _expected() -> pd.DataFrame:
+    x = np.arange(300, 2001, 100)
+    return pd.DataFrame({"x": x, "expected": 2.9, "lower": 2.8, "upper": 3.0})
+
+
+def test_a_nan_in_a_focused_panel_is_pinned_inside_the_range() -> None:
+    frame = _falling()
+    frame.loc[1000, "value"] = np.nan
+    anomalies = pd.DataFrame(
+        {
+            "id": [1],
+            "metric": ["loss"],
+            "start_step": [1001],
+            "end_step": [1001],
+            "severity": ["critical"],
+            "observed": [np.nan],
+            "message": ["nan"],
+            "state": ["needs verdict"],
+        }
+    )
+    marks = anomaly_marks(anomalies, lambda steps: steps)
+    fig = run_figure([("loss", frame)], anomalies=marks, focus=["loss"])
+    low, high = fig.layout.yaxis.range
+    (nan,) = [t for t in fig.data if t.name == "non-finite"]
+    (marker,) = [t for t in fig.data if t.customdata is not None]
+    assert low < nan.y[0] < high and low < marker.y[0] < high
+
+
+def test_focus_works_on_the_wall_time_axis() -> None:
+    frame = _falling()
+    frame["x"] = pd.to_datetime(1.7e9 + frame["step"] * 2.0, unit="s", utc=True)
+    to_time = lambda steps: pd.to_datetime(1.7e9 + np.asarray(steps) * 2.0, unit="s", utc=True)  # noqa: E731
+    anomalies = _anomalies().assign(metric="loss", observed=[np.nan, 3.0])
+    fig = run_figure([("loss", frame)], anomalies=anomaly_marks(anomalies, to_time), focus=["loss"])
+    assert fig.layout.yaxis.range[1] < 4.0 and fig.layout.xaxis.type == "date"
+
+
+def test_info_level_anomalies_are_not_drawn_unless_asked_for() -> None:
+    anomalies = _anomalies().assign(severity=["info", "warning"])
+    assert drawn_anomalies(anomalies)["id"].tolist() == [9]
+    assert drawn_anomalies(anomalies, show_info=True)["id"].tolist() == [7, 9]
+    assert drawn_anomalies(anomalies.iloc[:0]).empty

@@ -70,6 +70,69 @@ def test_run_page_draws_loss_with_expectation_anomalies_and_restart(demo_db, mon
     )
 
 
+def test_run_page_first_look_title_first_age_without_arrow_focused_loss_no_info_clutter(
+    demo_db, monkeypatch
+) -> None:
+    """What a person sees first (issue 17): the run's title at the top, the last point's
+    age with no arrow, a loss panel that opens past its initial fall, and no info-level
+    markers until asked for."""
+    from streamlit.proto.Metric_pb2 import Metric
+
+    at = _page("views/run.py", demo_db, monkeypatch).run()
+    _no_traceback(at)
+    first = next(iter(at.main.children.values()))
+    assert first.type == "title" and first.value == "demo-400"
+    assert not any("Rows of the anomaly" in c.value for c in at.caption)
+    assert not any("Rows of the anomaly" in m.value for m in at.markdown)
+    last = next(m for m in at.metric if m.label == "Last step")
+    assert last.delta.endswith(" ago") and not last.delta.startswith("-")
+    assert last.proto.direction == Metric.MetricDirection.NONE  # an age, not a change
+    (fig,) = _figures(at)
+    low, high = fig["layout"]["yaxis"]["range"]
+    assert fig["layout"]["yaxis"]["autorange"] is False
+    loss = next(t for t in fig["data"] if t.get("name") == "loss")
+    steps, values = _arr(loss["x"]), _arr(loss["y"]).astype(float)
+    assert np.nanmax(values) > high  # the initial fall is drawn, past the top edge
+    later = values[(steps >= 100) & np.isfinite(values)]
+    assert low < later.min() and later.max() < high  # the rest of the run is all in view
+    names = {t.get("name") for t in fig["data"]}
+    assert "info anomaly" not in names and {"critical anomaly", "warning anomaly"} <= names
+    assert any("3 info-level anomalies not drawn" in c.value for c in at.caption)
+    at.toggle(key="show_info").set_value(True).run()
+    _no_traceback(at)
+    (fig,) = _figures(at)
+    assert "info anomaly" in {t.get("name") for t in fig["data"]}
+
+
+def test_last_step_card_of_a_run_without_times_shows_no_age(tmp_path, monkeypatch) -> None:
+    """A run imported without times has no age to show: no "- ago", no arrow."""
+    db = tmp_path / "notime.db"
+    with open_store(db) as store:
+        run_id, attempt = store.start_run("no-times", now=None)
+        s = np.arange(1, 301)
+        sid = store.series_id(run_id, "loss")
+        store.write(run_id, attempt, {sid: (s, np.full(300, np.nan), 3.0 + 7.0 / s)})
+    at = _page("views/run.py", db, monkeypatch).run()
+    _no_traceback(at)
+    last = next(m for m in at.metric if m.label == "Last step")
+    assert last.value == "300" and not last.delta
+
+
+def test_no_page_has_a_bare_string_that_streamlit_would_write_to_it() -> None:
+    """Streamlit's "magic" writes a bare string statement in a page script to the page
+    (the stray caption above the Run page's title was a constant's docstring)."""
+    import ast
+
+    for path in [*sorted((APP_DIR / "views").glob("*.py")), APP_DIR / "app.py"]:
+        body = ast.parse(path.read_text()).body
+        strays = [
+            node.lineno
+            for node in body[1:]
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        ]
+        assert not strays, f"{path.name}: bare strings at lines {strays}"
+
+
 def test_run_page_axes_smoothing_and_zoom_window(demo_db, monkeypatch) -> None:
     at = _page("views/run.py", demo_db, monkeypatch).run()
     at.slider(key="smoothing").set_value(0.0)

@@ -10,6 +10,7 @@ import streamlit as st
 from runwatch.dashboard import data, shaping, ui
 from runwatch.dashboard.charts import (
     anomaly_marks,
+    drawn_anomalies,
     placeholder_figure,
     run_figure,
     run_figure_height,
@@ -17,8 +18,9 @@ from runwatch.dashboard.charts import (
 from runwatch.pipeline import runconfig
 
 PANEL_ROLES = ("loss", "grad_norm", "lr", "throughput", "step_time")
+# Rows of the anomaly and event lists under the chart (the Anomalies page has them all). A
+# comment, not a docstring: Streamlit's "magic" writes a bare string in a page to the page.
 LIST_ROWS = 50
-"""Rows of the anomaly and event lists under the chart (the Anomalies page has them all)."""
 
 db = ui.store_path()
 title = st.empty()
@@ -43,6 +45,12 @@ with st.container(horizontal=True, vertical_alignment="bottom"):
     smoothing = st.slider("Smoothing (EMA)", 0.0, 0.99, 0.6, 0.01, key="smoothing", width=220)
     log_y = st.toggle("log y (loss)", key="log_y")
     log_x = st.toggle("log x", key="log_x")
+    show_info = st.toggle(
+        "info anomalies",
+        key="show_info",
+        help="Draw info-level anomalies too (small blips; the lists below have them all). "
+        "Warnings and critical ones are always drawn.",
+    )
 first_step = 0
 last_step = int(info["last_step"]) if pd.notna(info["last_step"]) else 0
 window: tuple[int, int] | None = None
@@ -78,11 +86,14 @@ def headline() -> None:
         st.caption("Health")
         st.markdown(f"### :{shaping.HEALTH_COLOR[health]}-badge[{health}]")
         st.caption(f"status: **{now_info['status']}**")
+    # The age of the last point is not a change: no arrow, and nothing when the run
+    # logged no times.
     c[1].metric(
         "Last step",
         f"{int(now_info['last_step']):,}" if pd.notna(now_info["last_step"]) else "-",
-        f"{shaping.format_age(age)} ago",
+        None if age is None else f"{shaping.format_age(age)} ago",
         delta_color="off",
+        delta_arrow="off",
     )
     if latest is not None:
         delta = None
@@ -97,13 +108,18 @@ def headline() -> None:
             f"{fc['predicted']:.4f}",
             f"90%: {fc['lower']:.3f} – {fc['upper']:.3f}",
             delta_color="off",
+            delta_arrow="off",
             help=shaping.model_text(fc["model"], fc.get("lr_note")),
         )
         eta = "done" if now_info["status"] != "running" else shaping.format_age(fc["eta_seconds"])
         c[4].metric("ETA", eta)
     open_n = len(shaping.unresolved(anomalies))
     c[5].metric(
-        "Open anomalies", open_n, f"attempts: {int(now_info['attempts'])}", delta_color="off"
+        "Open anomalies",
+        open_n,
+        f"attempts: {int(now_info['attempts'])}",
+        delta_color="off",
+        delta_arrow="off",
     )
 
 
@@ -152,25 +168,37 @@ def chart() -> None:
         for r in attempts.itertuples()
         if r.attempt > 1 and pd.notna(r.start_step) and lo <= r.start_step <= hi
     ]
+    marked = drawn_anomalies(anomalies, show_info)
     fig = run_figure(
         [(m, shaping.with_x(f, axis, tps)) for m, f in frames.items()],
         expected=expected,
         forecast=forecast,
-        anomalies=anomaly_marks(anomalies, to_x),
+        anomalies=anomaly_marks(marked, to_x),
         restarts=restarts,
         smoothed=smoothing > 0,
         log_y=[loss] if log_y and loss else [],
         log_x=log_x,
         x_title={"step": "step", "wall time": "wall time (UTC)", "tokens": "tokens"}[axis],
+        focus=[loss] if loss else [],
     )
     points = max((len(f) for f in frames.values()), default=0)
     event = slot.plotly_chart(
         fig, key="run_chart", on_select="rerun", selection_mode="points", width="stretch"
     )
-    st.caption(
+    notes = [
         f"{len(frames)} panels, at most {points:,} points per trace (min/max per bucket: "
-        "every spike and NaN kept). Click an anomaly marker to see it; drag to zoom."
-    )
+        "every spike and NaN kept). Click an anomaly marker to see it; drag to zoom, "
+        "double-click to zoom out."
+    ]
+    if fig.layout.yaxis.autorange is False:
+        notes.append(f"The {loss} panel opens on the run after its initial fall.")
+    hidden = len(anomalies) - len(marked)
+    if hidden:
+        notes.append(
+            f"{hidden:,} info-level anomal{'y' if hidden == 1 else 'ies'} not drawn "
+            "(toggle *info anomalies*)."
+        )
+    st.caption(" ".join(notes))
     ui.updated_caption()
     picked = [p for p in (event.selection.points if event else []) if p.get("customdata")]
     if picked:
