@@ -190,12 +190,13 @@ def test_prometheus_answering_again_is_logged_once(prometheus, caplog):
     class Sink:
         def __init__(self) -> None:
             self.points = 0
+            self.events: list[str] = []
 
         def log_labeled(self, data, labels, step=None):
             self.points += len(data)
 
         def event(self, kind, step=None, message="", **attrs):
-            pass
+            self.events.append(kind)
 
     caplog.set_level(logging.INFO, logger="runwatch")
     sink = Sink()
@@ -206,6 +207,8 @@ def test_prometheus_answering_again_is_logged_once(prometheus, caplog):
     assert sum("cannot read DCGM" in m for m in messages) == 1
     assert sum("answers again" in m for m in messages) == 1
     assert poller.stats()["failures"] == 2 and sink.points > 0
+    # node-b's XID 79 is told once: the outage does not make it new again.
+    assert sink.events == ["xid"]
 
 
 class _NotPrometheus(http.server.BaseHTTPRequestHandler):
