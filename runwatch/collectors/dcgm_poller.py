@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from runwatch.collectors.dcgm import (
     DcgmSource,
@@ -44,6 +44,7 @@ from runwatch.collectors.dcgm import (
     check_url,
 )
 from runwatch.collectors.nvml import CRITICAL_XIDS
+from runwatch.collectors.sampler import LabeledSink
 from runwatch.worker import Worker
 
 log = logging.getLogger("runwatch.collectors")
@@ -54,16 +55,6 @@ DEFAULT_INTERVAL_S = 15.0
 EMPTY_WARN_S = 60.0
 """How long Prometheus may answer with no DCGM series for the hosts before that is a warning
 (a target just added is first scraped a few seconds after Prometheus loads it)."""
-
-
-class _RunLike(Protocol):
-    def log_labeled(
-        self, data: dict[str, Any], labels: dict[str, Any], step: int | None = None
-    ) -> None: ...
-
-    def event(
-        self, kind: str, step: int | None = None, message: str = "", **attrs: Any
-    ) -> None: ...
 
 
 class Outage:
@@ -167,7 +158,7 @@ class DcgmPoller:
 
     def __init__(
         self,
-        run: _RunLike,
+        run: LabeledSink,
         url: str,
         *,
         hosts: Sequence[str],
@@ -299,7 +290,7 @@ def check_hosts(hosts: Any) -> list[str]:
 
 
 def start_dcgm(
-    run: _RunLike,
+    run: LabeledSink,
     url: str,
     *,
     hosts: Sequence[str],

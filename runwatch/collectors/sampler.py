@@ -42,7 +42,9 @@ log = logging.getLogger("runwatch.collectors")
 DEFAULT_INTERVAL_S = 10.0
 
 
-class _RunLike(Protocol):
+class LabeledSink(Protocol):
+    """What a collector logs into: a Run (``log_labeled`` and ``event`` never block)."""
+
     def log_labeled(
         self, data: dict[str, Any], labels: dict[str, Any], step: int | None = None
     ) -> None: ...
@@ -62,7 +64,7 @@ class Sampler:
 
     def __init__(
         self,
-        run: _RunLike,
+        run: LabeledSink,
         *,
         interval_s: float = DEFAULT_INTERVAL_S,
         nvml: Any = None,
@@ -170,7 +172,7 @@ class Sampler:
 
 
 def start_system_metrics(
-    run: _RunLike,
+    run: LabeledSink,
     interval_s: float = DEFAULT_INTERVAL_S,
     nvml: Any = None,
     clock: Callable[[], float] = time.monotonic,

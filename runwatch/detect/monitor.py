@@ -100,6 +100,11 @@ class Monitor:
         return list(self._anomalies)
 
     @property
+    def points(self) -> int:
+        """Points fed so far (``update`` and ``update_batch``)."""
+        return self._n_points
+
+    @property
     def health(self) -> dict[str, Any]:
         """Run-level figures: OLMo 2 spike score per loss / grad-norm series, counts."""
         spike_score: dict[str, float] = {}

@@ -24,7 +24,7 @@ from runwatch.model import LABEL_KEYS, Anomaly, Event, label_value
 def _batch(mon: Monitor, points: ReplayInput, progress: Callable[[int], None] | None) -> bool:
     """Feed ``points`` into a fresh ``mon`` by the batch path; False if it cannot (then
     nothing was fed and the caller streams instead)."""
-    if mon.health["points"] or mon.anomalies:
+    if mon.points:
         return False
     found = mon.update_batch(
         points.metric, points.labels, points.steps, points.values, progress, points.series
