@@ -194,7 +194,33 @@ _V5 = """
 ALTER TABLE point_blocks ADD COLUMN summary BLOB
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
+# v6: incidents as formed from a run's anomalies and events (``runwatch incidents``): a stable
+# key per source (so a re-analysis keeps the verdicts given), their figures, and the step
+# context the user logs (``run.log(..., context=)``), one row per change, per rank where given.
+_V6 = """
+ALTER TABLE incidents ADD COLUMN source TEXT NOT NULL DEFAULT 'live';
+ALTER TABLE incidents ADD COLUMN key TEXT NOT NULL DEFAULT '';
+ALTER TABLE incidents ADD COLUMN severity TEXT NOT NULL DEFAULT 'info';
+ALTER TABLE incidents ADD COLUMN first_step INTEGER;
+ALTER TABLE incidents ADD COLUMN last_step INTEGER;
+ALTER TABLE incidents ADD COLUMN count INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE incidents ADD COLUMN signature TEXT;
+ALTER TABLE incidents ADD COLUMN is_active INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE incidents ADD COLUMN details TEXT NOT NULL DEFAULT '{}';
+CREATE UNIQUE INDEX incidents_by_key ON incidents (run_id, source, key);
+CREATE INDEX incident_members_by_incident ON incident_members (incident_id);
+CREATE TABLE step_context (
+    run_id      INTEGER NOT NULL REFERENCES runs(id),
+    attempt     INTEGER,
+    rank        INTEGER,
+    step        INTEGER NOT NULL,
+    time        REAL,
+    context     TEXT NOT NULL           -- JSON {"shard": "s17", ...}: holds until the next row
+);
+CREATE INDEX step_context_by_run ON step_context (run_id, step)
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
