@@ -158,3 +158,29 @@ class Anomaly:
             "upper": self.upper,
             "message": self.message,
         }
+
+
+INCIDENT_STATUSES: tuple[str, ...] = ("open", "benign", "real", "watch")
+"""An incident is open until a person gives it a verdict (``runwatch verdict``, the inbox)."""
+
+
+@dataclass(slots=True)
+class Incident:
+    """Anomalies and events believed to share one cause (``detect/incidents.py``).
+
+    ``key`` is stable while the incident's first member stays its first, so a verdict given
+    to it survives a re-analysis; ``members`` are ``("anomaly" | "event", row id)`` in step
+    order, every one of them (the JSON output bounds what it prints, never what is kept).
+    """
+
+    key: str
+    title: str
+    severity: str
+    first_step: int | None
+    last_step: int | None
+    count: int
+    members: list[tuple[str, int]]
+    signature: str | None = None
+    is_active: bool = False
+    hypotheses: list[dict[str, Any]] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)

@@ -161,6 +161,8 @@ class JudgementTables:
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 (anomaly_id, incident_id, verdict, note, author, time.time()),
             )
+            if incident_id is not None:
+                self.set_incident_status(conn, incident_id, verdict)  # type: ignore[attr-defined]
             return int(cur.lastrowid)  # type: ignore[arg-type]
 
     def verdicts(self, anomaly_id: int | None = None) -> pd.DataFrame:

@@ -27,6 +27,7 @@ import numpy as np
 from runwatch.model import LABEL_KEYS, RUN_STATUSES, Event
 from runwatch.store.downsample import minmax_downsample
 from runwatch.store.errors import RunExistsError, RunNotFoundError, StoreError
+from runwatch.store.incidents import IncidentTables
 from runwatch.store.ingest import IngestTables
 from runwatch.store.judgements import JudgementTables
 from runwatch.store.outbox import OutboxTables
@@ -88,7 +89,7 @@ def primary_series(rows: Iterable[tuple[int, str]]) -> int:
     return min(rows, key=order)[0]
 
 
-class Store(JudgementTables, OutboxTables, IngestTables, StatusTables):
+class Store(JudgementTables, IncidentTables, OutboxTables, IngestTables, StatusTables):
     """A runwatch store in one SQLite file (created, and migrated, on open)."""
 
     def __init__(
