@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from runwatch.model import LABEL_KEYS, RUN_STATUSES, Event
+from runwatch.store.context import ContextTables
 from runwatch.store.downsample import minmax_downsample
 from runwatch.store.errors import RunExistsError, RunNotFoundError, StoreError
 from runwatch.store.incidents import IncidentTables
@@ -89,7 +90,9 @@ def primary_series(rows: Iterable[tuple[int, str]]) -> int:
     return min(rows, key=order)[0]
 
 
-class Store(JudgementTables, IncidentTables, OutboxTables, IngestTables, StatusTables):
+class Store(
+    JudgementTables, IncidentTables, OutboxTables, IngestTables, StatusTables, ContextTables
+):
     """A runwatch store in one SQLite file (created, and migrated, on open)."""
 
     def __init__(
