@@ -34,6 +34,16 @@ EVENT_KINDS: tuple[str, ...] = (
 )
 """Event kinds the store accepts; ``log`` is a WARNING-or-worse record from LoggingHandler."""
 
+FAILURE_EVENTS: dict[str, str] = {
+    "crash": "critical",
+    "oom": "critical",
+    "nccl_timeout": "critical",
+    "hang": "critical",
+    "xid": "warning",
+    "log": "warning",
+}
+"""Event kinds that are symptoms, with their severity; other events (checkpoints...) are not."""
+
 RUN_STATUSES: tuple[str, ...] = ("running", "finished", "crashed", "stalled")
 
 LABEL_KEYS: tuple[str, ...] = ("rank", "host", "gpu")

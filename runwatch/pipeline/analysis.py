@@ -24,6 +24,7 @@ from runwatch.expect.forecast import Forecast, forecast
 from runwatch.expect.reference import ReferenceCurve
 from runwatch.model import LR_METRICS, Anomaly
 from runwatch.pipeline.fleet import run_fleet_anomalies
+from runwatch.pipeline.incidents import refresh_incidents
 from runwatch.pipeline.runconfig import aligned_sample, run_config, tokens_per_step
 from runwatch.store import Store
 
@@ -85,6 +86,7 @@ def analyze_run(
     if save:
         tell("storing", n, n)
         store.save_anomalies(store.run_id(run), "replay", anomalies, replace=True)
+        refresh_incidents(store, run, "replay", monitor.config)
         for metric in losses:
             try:
                 # The curve the replay judged by, not a second read of the reference run.

@@ -21,12 +21,13 @@ about: live detection is then incomplete, and ``runwatch analyze`` gives the ful
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from runwatch.guard import Guard
-from runwatch.model import LABEL_KEYS, Anomaly, Event, SeriesBatch
+from runwatch.model import FAILURE_EVENTS, LABEL_KEYS, Anomaly, Event, SeriesBatch
 from runwatch.worker import Worker
 
 if TYPE_CHECKING:
@@ -41,6 +42,9 @@ log = logging.getLogger("runwatch.pipeline.live")
 
 HANG_CHECK_EVERY_S = 5.0
 """How often the detection thread asks the hang detector, when no batch arrives."""
+INCIDENTS_EVERY_S = 2.0
+"""How often incidents are formed again while episodes only grow; a new or closed episode
+or a failure event forms them at once (an alert per incident needs its incident)."""
 
 
 class LiveDetection:
@@ -65,6 +69,8 @@ class LiveDetection:
         self._ids: dict[int, int] = {}
         self._on_change = on_change
         self._alert_guard = Guard("handing episodes to alerting", log)
+        self._incident_guard = Guard("forming incidents", log)
+        self._incidents_formed = -math.inf
         self._backlog = 0
         self._max_backlog = max_backlog_points
         self.skipped_points = 0
@@ -142,7 +148,7 @@ class LiveDetection:
     def _finish(self) -> None:
         """After the last batch: close open episodes and store them."""
         try:
-            self._save(self.monitor.finish() + self.fleet.finish())
+            self._save(self.monitor.finish() + self.fleet.finish(), form=True)
         finally:
             self._store.close()
 
@@ -153,8 +159,9 @@ class LiveDetection:
         for event in events:
             for anomaly in self.monitor.event(event) + self.fleet.event(event):
                 changed[id(anomaly)] = anomaly
+        failures = any(e.kind in FAILURE_EVENTS for e in events)
         if not batch:
-            self._save(changed.values())
+            self._save(changed.values(), form=failures)
             return
         names, order_keys, steps, values, times, which = [], [], [], [], [], []
         for series in batch:
@@ -184,7 +191,7 @@ class LiveDetection:
                 changed[id(anomaly)] = anomaly
         for anomaly in self.fleet.tick():
             changed[id(anomaly)] = anomaly
-        self._save(changed.values())
+        self._save(changed.values(), form=failures)
 
     def _feed_monitor(
         self,
@@ -226,10 +233,17 @@ class LiveDetection:
             self._series_order[key] = rank
         return rank
 
-    def _save(self, anomalies: Any) -> None:
+    def _save(self, anomalies: Any, form: bool = False) -> None:
+        """Store changed episodes, form the run's incidents again if that changed them
+        (``form``: a failure event came), then hand the episodes to alerting."""
         anomalies = list(anomalies)
-        if not anomalies or self._store is None:
+        if self._store is None:
             return
+        if not anomalies:
+            if form:
+                self._form_incidents()
+            return
+        form = form or any(id(a) not in self._ids or not a.is_open for a in anomalies)
         for attempt in range(5):
             try:
                 self._store.save_anomalies(self._run_id, "live", anomalies, self._ids)
@@ -240,6 +254,20 @@ class LiveDetection:
                 time.sleep(0.05 * (attempt + 1))
         else:
             return
+        self._form_incidents(now=form)
         if self._on_change is not None:
             with self._alert_guard:  # (row id in the store, anomaly) for each that changed
                 self._on_change([(self._ids[id(a)], a) for a in anomalies])
+
+    def _form_incidents(self, now: bool = True) -> None:
+        """The run's live incidents from what the store holds (every attempt's episodes and
+        failure events); at most every ``INCIDENTS_EVERY_S`` unless ``now``."""
+        from runwatch.pipeline.incidents import refresh_incidents
+
+        clock = time.monotonic()
+        if not now and clock - self._incidents_formed < INCIDENTS_EVERY_S:
+            return
+        self._incidents_formed = clock
+        assert self._store is not None and self.monitor is not None
+        with self._incident_guard:
+            refresh_incidents(self._store, self._run_id, "live", self.monitor.config)

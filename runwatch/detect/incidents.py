@@ -1,0 +1,413 @@
+"""Incidents: a run's anomaly episodes and failure events grouped by the cause they share.
+
+Two steps, each a function of the whole set of members (never of the order they came in,
+so what is formed live equals what a replay forms):
+
+1. **Chains of co-occurring symptoms** (connected components of these links):
+   a grad-norm spike, the loss spike it preceded and their precursor record; a divergence or
+   non-finite loss and the loss spike just before it; non-finite values in several series
+   within a few steps; step-time, throughput and straggler episodes whose steps overlap (one
+   slowdown, seen by step time and tokens/s, on one rank or all); a GPU's hardware faults
+   and that rank's straggling or slow steps; NCCL timeouts and crashes that follow a GPU's
+   Xid in the same attempt.
+2. **Recurring patterns**: chains with the same shape (each member's detector, metric,
+   labels and severity; an error event's kind and message signature, ``fingerprint.py``)
+   are one incident, with its count, first and last step, sizes and period. A slowdown shared
+   by several ranks has a shape without ranks: one run-level incident, not one per rank.
+
+Every member stays attached; nothing is dropped. Hypotheses (``hypotheses.py``) need the
+run's exposure and are attached by the pipeline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from runwatch.detect.fingerprint import signature
+from runwatch.detect.roles import role_of
+from runwatch.model import Incident, severity_rank
+
+CHAIN_SLACK = 20
+"""Episodes this many steps apart or less still co-occur (a slowdown seen a little late)."""
+DIVERGENCE_LOOKBACK = 50
+"""A divergence or NaN this many steps after a loss spike is that spike's consequence."""
+XID_AFTERMATH_S = 600.0
+"""NCCL timeouts and crashes this long after an Xid, in its attempt, are its consequences."""
+MAX_OCCURRENCES = 1000
+"""Occurrences listed in an incident's details; the count is always complete."""
+
+_THROUGHPUT_ROLES = ("step_time", "throughput")
+_RANKLESS = ("straggler", "throughput")  # shape families that drop ranks when shared
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One anomaly episode or failure event, as the grouping sees it."""
+
+    kind: str  # "anomaly" | "event"
+    id: int  # its row id in the store
+    what: str  # the detector, or the event kind
+    step: int | None
+    end_step: int | None
+    severity: str
+    metric: str | None = None
+    labels: tuple[tuple[str, Any], ...] = ()
+    size: float | None = None  # how far off: observed / expected where both are known
+    is_open: bool = False
+    message: str = ""
+    time: float | None = None
+    attempt: int | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def label_dict(self) -> dict[str, Any]:
+        return dict(self.labels)
+
+    def order(self) -> tuple[Any, ...]:
+        """A total order that does not depend on row ids (live and replay number apart)."""
+        step = math.inf if self.step is None else self.step
+        return (step, self.kind, self.what, self.metric or "", repr(self.labels), self.message)
+
+
+def form_incidents(
+    members: Sequence[Member],
+    roles: Mapping[str, str] | None = None,
+    attempt_starts: Mapping[int, int | None] | None = None,
+) -> list[Incident]:
+    """Group ``members`` into incidents, in order of their first step.
+
+    ``roles`` overrides metric roles as ``Monitor(config)`` does; ``attempt_starts`` maps an
+    attempt to the step it resumed from, to count the steps a crash cost.
+    """
+    ms = sorted(members, key=Member.order)
+    roles = dict(roles or {})
+    sigs = {i: signature(m.message) for i, m in enumerate(ms) if m.kind == "event"}
+    parent = list(range(len(ms)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    def link(i: int, j: int) -> None:
+        a, b = find(i), find(j)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+
+    for i, j in _links(ms, roles):
+        link(i, j)
+    chains: dict[int, list[int]] = defaultdict(list)
+    for i in range(len(ms)):
+        chains[find(i)].append(i)
+    patterns: dict[str, list[list[int]]] = defaultdict(list)
+    for chain in chains.values():
+        patterns[_shape(chain, ms, sigs, roles)].append(chain)
+    incidents = [
+        _incident(shape, group, ms, sigs, roles, attempt_starts or {})
+        for shape, group in patterns.items()
+    ]
+    incidents.sort(key=lambda inc: (inc.first_step is None, inc.first_step or 0, inc.key))
+    return incidents
+
+
+# ------------------------------------------------------------------ links between members
+def _links(ms: Sequence[Member], roles: Mapping[str, str]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    spikes: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+    for i, m in enumerate(ms):
+        if m.kind == "anomaly" and m.what == "spike":
+            spikes[(m.metric, m.labels, m.step)].append(i)
+    loss_spikes: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+    for i, m in enumerate(ms):
+        if m.kind == "anomaly" and m.what == "spike" and role_of(m.metric or "", roles) == "loss":
+            loss_spikes[(m.metric, m.labels)].append(i)
+    for i, m in enumerate(ms):
+        if m.kind != "anomaly":
+            continue
+        if m.what == "grad_norm_precursor":
+            d = m.details
+            for key in (
+                (d.get("grad_norm_metric"), m.labels, d.get("grad_norm_start")),
+                (d.get("loss_metric", m.metric), m.labels, d.get("loss_start")),
+            ):
+                out += [(i, j) for j in spikes.get(key, ())]
+        elif m.what in ("divergence", "nonfinite") and m.step is not None:
+            for j in loss_spikes.get((m.metric, m.labels), ()):
+                if 0 <= m.step - (ms[j].step or 0) <= DIVERGENCE_LOOKBACK:
+                    out.append((i, j))
+    out += _overlaps(ms, roles)
+    out += _xid_aftermath(ms)
+    return out
+
+
+def _family(m: Member, roles: Mapping[str, str]) -> str | None:
+    """Which co-occurrence family an anomaly belongs to, if any."""
+    if m.kind != "anomaly":
+        return None
+    if m.what == "nonfinite":
+        return "nonfinite"
+    if m.what == "straggler":
+        return "straggler"
+    if m.what == "hardware":
+        return "hardware"
+    if role_of(m.metric or "", roles) in _THROUGHPUT_ROLES:
+        return "throughput"
+    return None
+
+
+def _overlaps(ms: Sequence[Member], roles: Mapping[str, str]) -> list[tuple[int, int]]:
+    """Links between anomalies whose steps overlap (within ``CHAIN_SLACK``), by family:
+    throughput with throughput (any rank: a shared slowdown), stragglers with their rank's
+    throughput and hardware, NaNs with NaNs."""
+    tagged = [
+        (m.step, m.end_step if m.end_step is not None else m.step, i, fam)
+        for i, m in enumerate(ms)
+        if m.step is not None and (fam := _family(m, roles)) is not None
+    ]
+    tagged.sort()
+    out = []
+    active: list[tuple[int, int, str]] = []  # (end, index, family) of earlier intervals
+    for start, end, i, fam in tagged:
+        active = [a for a in active if a[0] + CHAIN_SLACK >= start]
+        for _, j, other in active:
+            if _co_occur(ms[i], fam, ms[j], other):
+                out.append((j, i))
+        active.append((end, i, fam))
+    return out
+
+
+def _co_occur(a: Member, fa: str, b: Member, fb: str) -> bool:
+    pair = {fa, fb}
+    if pair == {"throughput"} or pair == {"nonfinite"}:
+        return True
+    if pair <= {"straggler", "throughput", "hardware"} and fa != fb:
+        return _same_device(a, b)
+    return False
+
+
+def _same_device(a: Member, b: Member) -> bool:
+    la, lb = a.label_dict, b.label_dict
+    if la.get("rank") is not None and la.get("rank") == lb.get("rank"):
+        return True
+    return (
+        la.get("host") is not None
+        and la.get("host") == lb.get("host")
+        and la.get("gpu") is not None
+        and la.get("gpu") == lb.get("gpu")
+    )
+
+
+def _xid_aftermath(ms: Sequence[Member]) -> list[tuple[int, int]]:
+    out = []
+    xids = [i for i, m in enumerate(ms) if m.kind == "event" and m.what == "xid"]
+    for i in xids:
+        x = ms[i]
+        if x.time is None:
+            continue
+        for j, m in enumerate(ms):
+            if (
+                m.kind == "event"
+                and m.what in ("nccl_timeout", "crash")
+                and m.attempt == x.attempt
+                and m.time is not None
+                and 0 <= m.time - x.time <= XID_AFTERMATH_S
+            ):
+                out.append((i, j))
+    return out
+
+
+# ------------------------------------------------------------------ shapes and incidents
+def _member_shape(m: Member, sigs: Mapping[int, str], i: int, drop_rank: bool) -> tuple:
+    if m.kind == "event":
+        return ("event", m.what, sigs[i])
+    labels = tuple((k, v) for k, v in m.labels if not (drop_rank and k in ("rank", "host", "gpu")))
+    return ("anomaly", m.what, m.metric, labels, m.severity)
+
+
+def _shape(
+    chain: list[int], ms: Sequence[Member], sigs: Mapping[int, str], roles: Mapping[str, str]
+) -> str:
+    """The chain's pattern: what recurs. Ranks are left out where the chain spans ranks
+    (a shared slowdown) or holds events (a signature recurs on any rank)."""
+    ranks = {ms[i].label_dict.get("rank") for i in chain if ms[i].kind == "anomaly"}
+    spans = len(ranks) > 1
+    parts = sorted(
+        {
+            _member_shape(ms[i], sigs, i, spans and _family(ms[i], roles) in _RANKLESS)
+            for i in chain
+        },
+        key=repr,
+    )
+    return json.dumps(parts, default=str)
+
+
+def _size(m: Member) -> float | None:
+    return m.size if m.size is not None and math.isfinite(m.size) else None
+
+
+def _incident(
+    shape: str,
+    group: list[list[int]],
+    ms: Sequence[Member],
+    sigs: Mapping[int, str],
+    roles: Mapping[str, str],
+    attempt_starts: Mapping[int, int | None],
+) -> Incident:
+    group.sort(key=lambda chain: ms[chain[0]].order())
+    everyone = sorted((i for chain in group for i in chain), key=lambda i: ms[i].order())
+    members = [ms[i] for i in everyone]
+    steps = [m.step for m in members if m.step is not None]
+    ends = [m.end_step if m.end_step is not None else m.step for m in members]
+    ends = [e for e in ends if e is not None]
+    severity = max((m.severity for m in members), key=severity_rank)
+    events = [i for i in everyone if ms[i].kind == "event"]
+    # An Xid is the cause of the timeouts after it: the incident is named for it.
+    lead_event = next((i for i in events if ms[i].what == "xid"), events[0] if events else None)
+    occurrences = [_occurrence([ms[i] for i in chain], attempt_starts) for chain in group]
+    details: dict[str, Any] = {
+        "occurrences": len(group),
+        "at": occurrences[:MAX_OCCURRENCES],
+        "kinds": sorted({f"{m.kind}:{m.what}" for m in members}),
+    }
+    main = _main(members)
+    sizes = [
+        (s, m.step)
+        for m in members
+        if (m.what, m.metric) == (main.what, main.metric) and (s := _size(m)) is not None
+    ]
+    if sizes:
+        ordered = sorted(s for s, _ in sizes)
+        largest = max(sizes, key=lambda p: abs(math.log(p[0])) if p[0] > 0 else abs(p[0]))
+        details.update(
+            size_low=ordered[0],
+            size_typical=ordered[len(ordered) // 2],
+            size_high=ordered[-1],
+            largest_at=largest[1],
+        )
+    starts = sorted({ms[chain[0]].step for chain in group if ms[chain[0]].step is not None})
+    if len(starts) > 2:
+        gaps = sorted(b - a for a, b in itertools.pairwise(starts))
+        details["period"] = gaps[len(gaps) // 2]
+    return Incident(
+        key=hashlib.sha1(shape.encode()).hexdigest()[:20],
+        title=_title(members, details, ms[lead_event] if lead_event is not None else None),
+        severity=severity,
+        first_step=min(steps) if steps else None,
+        last_step=max(ends) if ends else None,
+        count=len(members),
+        members=[(m.kind, m.id) for m in members],
+        signature=sigs.get(lead_event) if lead_event is not None else None,
+        is_active=any(m.is_open for m in members),
+        details=details,
+    )
+
+
+def _occurrence(chain: list[Member], attempt_starts: Mapping[int, int | None]) -> dict[str, Any]:
+    """Where one occurrence happened: its step, attempt, rank, host, GPU, and for a failure
+    the steps its restart redid (the crash step minus where the next attempt resumed)."""
+    lead = min(chain, key=Member.order)
+    labels = lead.label_dict
+    out: dict[str, Any] = {"step": lead.step, "attempt": lead.attempt}
+    for k in ("rank", "host", "gpu"):
+        v = labels.get(k)
+        if v is not None:
+            out[k] = v
+    if lead.kind == "event" and lead.attempt is not None and lead.step is not None:
+        resumed = attempt_starts.get(lead.attempt + 1)
+        if resumed is not None:
+            out["steps_lost"] = max(0, lead.step - resumed)
+    return out
+
+
+_NOUNS = {
+    "spike": ("spike", "spikes"),
+    "nonfinite": ("non-finite episode", "non-finite episodes"),
+    "divergence": ("divergence", "divergences"),
+    "curve_deviation": ("departure from the expected curve", "departures from the expected curve"),
+    "stall": ("stall", "stalls"),
+    "regression": ("slowdown", "slowdowns"),
+    "straggler": ("straggler episode", "straggler episodes"),
+    "hardware": ("hardware fault", "hardware faults"),
+    "hang": ("hang", "hangs"),
+    "lr_sanity": ("learning-rate anomaly", "learning-rate anomalies"),
+    "grad_norm_precursor": ("grad-norm precursor", "grad-norm precursors"),
+    "crash": ("crash", "crashes"),
+    "oom": ("out-of-memory crash", "out-of-memory crashes"),
+    "nccl_timeout": ("NCCL timeout", "NCCL timeouts"),
+    "xid": ("Xid error", "Xid errors"),
+    "log": ("error log line", "error log lines"),
+}
+
+
+def _noun(what: str, n: int) -> str:
+    one, many = _NOUNS.get(what, (f"{what} episode", f"{what} episodes"))
+    return one if n == 1 else many
+
+
+def _title(
+    members: list[Member],
+    details: Mapping[str, Any],
+    lead_event: Member | None,
+) -> str:
+    n = details["occurrences"]
+    lead = members[0]
+    if lead_event is not None:
+        lead = lead_event
+        sig = signature(lead.message)
+        attempts = {m.attempt for m in members if m.kind == "event" and m.attempt is not None}
+        hosts = {m.label_dict.get("host") for m in members} - {None}
+        where = f" in {len(attempts)} attempts" if len(attempts) > 1 else ""
+        where += f" on {len(hosts)} hosts" if len(hosts) > 1 else ""
+        short = sig if len(sig) <= 90 else sig[:87] + "..."
+        return f"{n} {_noun(lead.what, n)}{where}: {short}"
+    if n == 1 and len(members) == 1:
+        return lead.message or f"{_noun(lead.what, 1)} on {lead.metric} at step {lead.step}"
+    kinds = sorted({(m.what, m.metric) for m in members if m.kind == "anomaly"})
+    main = _main(members)
+    ranks = {m.label_dict.get("rank") for m in members} - {None}
+    text = f"{n} {main.metric or ''} {_noun(main.what, n)}".replace("  ", " ")
+    if "size_low" in details and main.what in ("spike", "regression", "divergence"):
+        low, high = _fmt(details["size_low"]), _fmt(details["size_high"])
+        text += f" of ×{low}" if low == high else f" of ×{low}–{high}"
+    others = sorted(
+        {f"{w_metric} {_noun(w, 1)}" for w, w_metric in kinds if w_metric != main.metric}
+    )
+    if others:
+        text += f" with {', '.join(others)}"
+    if len(ranks) > 1:
+        text += f" on {len(ranks)} ranks"
+    first, last = members[0].step, max(m.end_step or m.step or 0 for m in members)
+    text += f", steps {first:,}–{last:,}"
+    if "period" in details:
+        text += f", about every {details['period']:,} steps"
+    if "largest_at" in details and n > 1:
+        text += f"; largest at step {details['largest_at']:,}"
+    return text
+
+
+_TITLE_ORDER = ("nonfinite", "divergence", "straggler", "hardware", "spike", "regression")
+"""Which member a title is about when severities tie: the consequence a person acts on."""
+
+
+def _main(members: list[Member]) -> Member:
+    """The member a title is about: the most severe, then by :data:`_TITLE_ORDER`, then a
+    loss before other metrics, then the first."""
+
+    def rank(i: int) -> tuple[Any, ...]:
+        m = members[i]
+        order = _TITLE_ORDER.index(m.what) if m.what in _TITLE_ORDER else len(_TITLE_ORDER)
+        return (-severity_rank(m.severity), order, "loss" not in (m.metric or ""), i)
+
+    return members[min(range(len(members)), key=rank)]
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}"
