@@ -12,11 +12,12 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from runwatch.model import Event, SeriesBatch
 from runwatch.store import Store, StoreError
+from runwatch.store.context import StepContext
 
 
 class BackendError(RuntimeError):
@@ -55,8 +56,15 @@ class Backend(Protocol):
         """
         ...
 
-    def write(self, attempt: int, batch: SeriesBatch, events: list[Event]) -> None:
-        """Store one batch atomically, or raise :class:`BackendError`."""
+    def write(
+        self,
+        attempt: int,
+        batch: SeriesBatch,
+        events: list[Event],
+        contexts: Sequence[StepContext] = (),
+    ) -> None:
+        """Store one batch atomically, or raise :class:`BackendError`. The writer passes
+        ``contexts`` (step context changes) only when there are some."""
         ...
 
     def begin_attempt(self, step: int, message: str) -> int:
@@ -93,7 +101,13 @@ class StoreBackend:
         )
         return self.run_id, attempt
 
-    def write(self, attempt: int, batch: SeriesBatch, events: list[Event]) -> None:
+    def write(
+        self,
+        attempt: int,
+        batch: SeriesBatch,
+        events: list[Event],
+        contexts: Sequence[StepContext] = (),
+    ) -> None:
         # SQLite would write on happily into a deleted file, and the points would vanish.
         if not os.path.exists(self.location):
             raise BackendError(
@@ -107,7 +121,9 @@ class StoreBackend:
                 self.store.series_id(self.run_id, s.metric, s.labels): (s.steps, s.times, s.values)
                 for s in batch
             }
-            self.store.write(self.run_id, attempt, by_id, events)
+            with self.store.transaction():
+                self.store.write(self.run_id, attempt, by_id, events)
+                self.store.add_context(self.run_id, attempt, contexts)
         except (sqlite3.Error, StoreError) as exc:
             raise BackendError(f"{self.location}: {exc}") from exc
 

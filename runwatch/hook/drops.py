@@ -21,6 +21,7 @@ DROP_REASONS: dict[str, str] = {
     "bad_step": "the step was not a non-negative integer",
     "bad_name": "the metric name was empty, too long or had control characters",
     "bad_value": "the value was not a number",
+    "bad_context": "a step context was not a dict, or a key or value of it was refused",
     "store_error": "the store refused the write after retries (locked, read-only, full?)",
     "store_gone": "the store file was deleted while the run was writing",
     "spill_full": "the server was unreachable longer than the spill file could hold",

@@ -7,6 +7,10 @@ times the budget). It never blocks and never raises into the training loop: a fu
 finished run or a forked child count the call as dropped, by reason. Values are checked in the
 writer thread, so a tensor is read there (``.item()``) -- log ``loss.detach()`` rather than a
 tensor you update in place.
+
+Step context (``context=``, ``run.context``) follows the same rule: the training thread only
+compares the dict it is given with the last one (equal: nothing to do) and queues a copy when
+it differs; the writer checks, merges and stores it when the merged context changed.
 """
 
 from __future__ import annotations
@@ -27,13 +31,14 @@ from runwatch.hook.backend import Backend, ReferenceRefused, StoreBackend
 from runwatch.hook.drops import DROP_REASONS, DropCounter
 from runwatch.hook.ranks import keeps_metric, rank_info, rank_labels
 from runwatch.hook.transport import HttpBackend, make_backend_from_env
-from runwatch.hook.writer import Flow, Writer
+from runwatch.hook.writer import ContextUpdate, Flow, Writer
 from runwatch.model import EVENT_KINDS, Event, SeriesBatch
 from runwatch.store import DEFAULT_STORE, RunExistsError
 
 log = logging.getLogger("runwatch.hook")
 
 _now = time.time
+_PLAIN = frozenset({str, int, float, bool, type(None)})
 _current: Run | None = None
 _live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 
@@ -113,6 +118,7 @@ class Run:
         self._closed_reason = "worker_dead"
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._put = self._queue.put
+        self._context_given: Any = None  # a copy of the last context= that was queued
         self._writer: Writer | None = None
         self._backend: Backend | None = None
         self._extras: Extras | None = None
@@ -183,11 +189,18 @@ class Run:
             self._extras.start_sampler(self)
 
     # -- the hot path ------------------------------------------------------------------------
-    def log(self, data: Mapping[str, Any], step: int | None = None) -> None:
+    def log(
+        self,
+        data: Mapping[str, Any],
+        step: int | None = None,
+        context: Mapping[str, Any] | None = None,
+    ) -> None:
         """Record metrics at ``step`` (default: the last step + 1), like ``wandb.log``.
 
         Returns at once; never raises. Values may be int, float, bool, NumPy scalars or
-        one-element tensors; NaN and Inf are stored as they are.
+        one-element tensors; NaN and Inf are stored as they are. ``context`` (e.g.
+        ``{"shard": "s17"}``) is merged into the run's step context from this step on, as
+        :meth:`context` does; passing the same dict every step costs one comparison.
         """
         try:
             if step is None:
@@ -197,6 +210,10 @@ class Run:
             if not self._accepting:
                 self._drops.add(self._closed_reason, n)
                 return
+            if context is not None and (
+                type(context) is not dict or context != self._context_given
+            ):
+                self._queue_context(context)
             flow = self._flow
             queued = flow.queued + n
             if queued - flow.drained > self._max_pending:
@@ -243,7 +260,43 @@ class Run:
         except Exception:  # never raise into the training loop
             self._drops.add("not_a_dict")
 
+    def _queue_context(self, context: Any) -> None:
+        """A context= that differs from the last one: queue a copy (the writer checks it)."""
+        try:
+            given = dict(context) if isinstance(context, Mapping) else context
+            # Kept for the next comparison only when it holds plain values: comparing dicts
+            # that hold arrays would raise in the training thread.
+            plain = type(given) is dict and all(type(v) in _PLAIN for v in given.values())
+            self._context_given = dict(given) if plain else None
+            self._put(ContextUpdate(given, _now()))
+        except Exception:  # never raise into the training loop
+            self._context_given = None
+            self._drops.add("bad_context")
+
     # -- the rest of the API -----------------------------------------------------------------
+    def context(self, values: Mapping[str, Any] | None = None, /, **more: Any) -> None:
+        """Merge ``values`` and keyword arguments into the step context, from the next
+        logged step on: ``run.context(shard="s17")``. A value of None removes the key.
+
+        The context (str, int, float or bool values) is stored when it changes, with its
+        step, per rank where the run has one; other values are refused and counted
+        (``bad_context``). Never raises.
+        """
+        try:
+            if not self._accepting:
+                return
+            merged = {**values, **more} if values is not None else more
+            self._context_given = None  # the next context= is compared with nothing
+            self._put(ContextUpdate(merged, _now()))
+        except Exception:  # never raise into the training loop
+            self._drops.add("bad_context")
+            self._drops.warn_once(
+                "context_call",
+                "runwatch: run.context() needs a mapping or keyword arguments; got %s "
+                "(bad_context)",
+                type(values).__name__,
+            )
+
     @property
     def step(self) -> int:
         """The step the next ``log`` without ``step=`` will use."""

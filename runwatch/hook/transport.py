@@ -29,7 +29,7 @@ import tempfile
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,7 @@ from runwatch.hook.ranks import launch_id as env_launch_id
 from runwatch.hook.ranks import rank_info
 from runwatch.model import LABEL_KEYS, Event, SeriesBatch
 from runwatch.store import RunExistsError
+from runwatch.store.context import StepContext
 
 if TYPE_CHECKING:
     # Imported by the methods that use it: only a run that sends to a server pays for
@@ -238,8 +239,14 @@ class HttpBackend:
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
 
-    def write(self, attempt: int, batch: SeriesBatch, events: list[Event]) -> None:
-        line, points = self._encode(attempt, batch, events)
+    def write(
+        self,
+        attempt: int,
+        batch: SeriesBatch,
+        events: list[Event],
+        contexts: Sequence[StepContext] = (),
+    ) -> None:
+        line, points = self._encode(attempt, batch, events, contexts)
         if len(self.spill):
             self._replay()
         if not len(self.spill) and self._may_try():
@@ -347,7 +354,13 @@ class HttpBackend:
             self._http.close()
 
     # -- sending and spilling ----------------------------------------------------------------
-    def _encode(self, attempt: int, batch: SeriesBatch, events: list[Event]) -> tuple[bytes, int]:
+    def _encode(
+        self,
+        attempt: int,
+        batch: SeriesBatch,
+        events: list[Event],
+        contexts: Sequence[StepContext] = (),
+    ) -> tuple[bytes, int]:
         series, points = [], 0
         for sp in batch:
             series.append(
@@ -367,6 +380,11 @@ class HttpBackend:
             "series": series,
             "events": [_wire_event(e) for e in events],
         }
+        if contexts:  # sent only when there are some: older servers refuse the field
+            body["contexts"] = [
+                {"step": c.step, "rank": c.rank, "time": c.time, "context": dict(c.context)}
+                for c in contexts
+            ]
         self._seq += 1
         self._current_attempt = attempt
         return json.dumps(body, separators=(",", ":"), default=str).encode(), points

@@ -10,6 +10,11 @@ A backend that fails (a store locked, read-only or on a full disk; a server down
 with backoff a bounded number of times; then the batch is dropped and counted under the
 backend's reason, and the run goes on.
 
+Step context (``run.log(..., context=)``, ``run.context``) arrives as :class:`ContextUpdate`
+items: the writer checks the values, merges them into the context in force at the next logged
+step, and keeps a row (:class:`~runwatch.store.context.StepContext`) only when the merged
+context differs from the last one kept, so an unchanged context costs nothing downstream.
+
 The thread, its queue, the stop and the two-phase wait at finish are a
 :class:`runwatch.worker.Worker`; this module is its handler (``_take``, one queued call) and
 its tick (``_flush``).
@@ -18,6 +23,7 @@ its tick (``_flush``).
 from __future__ import annotations
 
 import logging
+import math
 import operator
 import random
 import time
@@ -33,6 +39,7 @@ from runwatch.hook.drops import DropCounter
 from runwatch.hook.values import RefusedValue, name_problem, to_float
 from runwatch.model import Event, SeriesBatch, SeriesPoints
 from runwatch.store import labels_key
+from runwatch.store.context import StepContext
 from runwatch.worker import Worker
 
 log = logging.getLogger("runwatch.hook")
@@ -46,6 +53,51 @@ class BatchSink(Protocol):
     return quickly."""
 
     def __call__(self, batch: SeriesBatch, events: list[Event]) -> None: ...
+
+
+MAX_CONTEXT_TEXT = 1000
+"""The longest str a step context value may be (a shard name, a path, a commit)."""
+
+
+class ContextUpdate:
+    """Queued by ``run.log(context=)`` and ``run.context()``: keys to merge into the step
+    context at the next logged step (None removes a key); unchecked until the writer."""
+
+    __slots__ = ("time", "values")
+
+    def __init__(self, values: Any, time: float) -> None:
+        self.values = values
+        self.time = time
+
+
+def context_problem(key: object, value: object) -> str | None:
+    """Why ``key: value`` cannot be in a step context, or None when it can (None removes).
+
+    >>> context_problem("shard", "s17") is None, context_problem("epoch", None) is None
+    (True, True)
+    >>> context_problem("shard", [1, 2])
+    'value is a list, not a str, int, float or bool'
+    """
+    problem = name_problem(key)
+    if problem is not None:
+        return f"key {problem}"
+    if value is None or isinstance(value, (bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else "value is not a finite number"
+    if isinstance(value, str):
+        if len(value) > MAX_CONTEXT_TEXT:
+            return f"value is {len(value)} characters long (at most {MAX_CONTEXT_TEXT})"
+        return None
+    return f"value is a {type(value).__name__}, not a str, int, float or bool"
+
+
+def _plain(value: Any) -> Any:
+    """A checked context value as its plain type (a NumPy float64 is a float subclass)."""
+    for kind in (bool, int, float, str):
+        if isinstance(value, kind):
+            return value if type(value) is kind else kind(value)
+    return value
 
 
 class Flow:
@@ -105,6 +157,10 @@ class Writer:
         self._keep_metric = keep_metric
         self._buffers: dict[str, Any] = {}
         self._events: list[Event] = []
+        self._contexts: list[StepContext] = []
+        self._context: dict[str, Any] = {}  # the step context in force
+        self._context_kept: dict[str, Any] | None = None  # the last one stored
+        self._context_pending: dict[str, Any] | None = None  # to merge at the next step
         self._buffered = 0
         self._sink_guard = Guard("feeding live detection a batch", log)
         self.last_step: int | None = None
@@ -136,6 +192,8 @@ class Writer:
                 self._take_log(*item)
             else:
                 self._take_labeled(*item)
+        elif type(item) is ContextUpdate:
+            self._take_context(item)
         elif isinstance(item, Event):
             if item.rank is None and item.host is None and self._labels:
                 # an event belongs to the process that logged it: its rank and host
@@ -158,6 +216,8 @@ class Writer:
         if self.last_step is not None and step < self.last_step:
             self._restart(step)
         self.last_step = step
+        if self._context_pending is not None:
+            self._apply_context(step, stamp)
         buffers = self._buffers
         for name, value in data.items():
             buf = buffers.get(name)
@@ -204,6 +264,55 @@ class Writer:
         buf.times.append(stamp)
         buf.values.append(value)
 
+    def _take_context(self, update: ContextUpdate) -> None:
+        """Check an update's keys and values; keep the good ones for the next step."""
+        values = update.values
+        if not isinstance(values, dict):
+            self._drops.add("bad_context")
+            self._drops.warn_once(
+                "context",
+                "runwatch: context= needs a dict of str, int, float or bool values; got a "
+                "%s; dropped (bad_context)",
+                type(values).__name__,
+            )
+            return
+        pending = self._context_pending if self._context_pending is not None else {}
+        for key, value in values.items():
+            problem = context_problem(key, value)
+            if problem is not None:
+                self._drops.add("bad_context")
+                self._drops.warn_once(
+                    f"context:{key!r}",
+                    "runwatch: step context %r: %s; that key is dropped and counted "
+                    "(bad_context) now and every time it happens again",
+                    key,
+                    problem,
+                )
+                continue
+            pending[key] = _plain(value)
+        self._context_pending = pending
+
+    def _apply_context(self, step: int, stamp: float) -> None:
+        """Merge what is pending into the context in force at ``step``; keep a row if the
+        result differs from the last row kept."""
+        context = self._context
+        for key, value in self._context_pending.items():  # type: ignore[union-attr]
+            if value is None:
+                context.pop(key, None)
+            else:
+                context[key] = value
+        self._context_pending = None
+        if context == self._context_kept:
+            return
+        kept = dict(context)
+        self._context_kept = kept
+        row = StepContext(step, self._labels.get("rank"), stamp, kept)
+        rows = self._contexts
+        if rows and rows[-1].step == step:  # changed twice at one step: the last one holds
+            rows[-1] = row
+        else:
+            rows.append(row)
+
     def _refuse_step(self, step: Any, n: int) -> None:
         self._drops.add("bad_step", n)
         self._drops.warn_once(
@@ -244,6 +353,10 @@ class Writer:
             self.attempt += 1
             log.warning("runwatch: could not record the restart: %s", exc)
         log.info("runwatch: %s", message)
+        if self._context:  # the new attempt starts with the context in force, stored again
+            self._context_kept = None
+            if self._context_pending is None:
+                self._context_pending = {}
         self._notify_sink([], [Event("restart", step, time.time(), message)])
 
     # -- flushing ----------------------------------------------------------------------------
@@ -264,13 +377,18 @@ class Writer:
             )
             buf.steps, buf.times, buf.values = [], [], []
         events, self._events = self._events, []
+        contexts, self._contexts = self._contexts, []
         self._buffered = 0
-        if not batch and not events:
+        if not batch and not events and not contexts:
             return
         n_points = sum(len(series.steps) for series in batch)
-        if self._write_with_retries(batch, events, n_points):
+        if self._write_with_retries(batch, events, n_points, contexts):
             self._flow.written += n_points
             self._notify_sink(batch, events)
+        elif contexts:  # lost with the batch: store the context in force again next step
+            self._context_kept = None
+            if self._context_pending is None:
+                self._context_pending = {}
 
     def _notify_sink(self, batch: SeriesBatch, events: list[Event]) -> None:
         if self._sink is None:
@@ -278,11 +396,16 @@ class Writer:
         with self._sink_guard:  # detection must never cost the run its points
             self._sink(batch, events)
 
-    def _write_with_retries(self, batch: SeriesBatch, events: list[Event], n: int) -> bool:
+    def _write_with_retries(
+        self, batch: SeriesBatch, events: list[Event], n: int, contexts: list[StepContext]
+    ) -> bool:
         delay = self._backoff
         for attempt in range(self._retries + 1):
             try:
-                self._backend.write(self.attempt, batch, events)
+                if contexts:  # only then: a backend written before step context still works
+                    self._backend.write(self.attempt, batch, events, contexts=contexts)
+                else:
+                    self._backend.write(self.attempt, batch, events)
                 return True
             except BackendError as exc:
                 error = exc

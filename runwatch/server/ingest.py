@@ -32,6 +32,7 @@ from runwatch.pipeline.live import LiveDetection
 from runwatch.server.errors import ApiError
 from runwatch.server.schemas import Batch
 from runwatch.store import Store
+from runwatch.store.context import StepContext
 from runwatch.worker import Worker
 
 log = logging.getLogger("runwatch.server")
@@ -227,7 +228,10 @@ class IngestWriter:
         now = time.time()
         marks: dict[str, tuple[int, int]] = {}
         results = []
-        grouped: dict[tuple[int, int], tuple[dict[int, list[tuple[Any, ...]]], list[Event]]] = {}
+        grouped: dict[
+            tuple[int, int],
+            tuple[dict[int, list[tuple[Any, ...]]], list[Event], list[StepContext]],
+        ] = {}
         with store.transaction():
             for job in jobs:
                 delivered, points = [], 0
@@ -241,7 +245,9 @@ class IngestWriter:
                         continue
                     marks[batch.client_id] = (job.run_id, batch.seq)
                     delivered.append(batch)
-                    by_sid, events = grouped.setdefault((job.run_id, batch.attempt), ({}, []))
+                    by_sid, events, contexts = grouped.setdefault(
+                        (job.run_id, batch.attempt), ({}, [], [])
+                    )
                     for s in batch.series:
                         if not s.steps:
                             continue
@@ -252,6 +258,9 @@ class IngestWriter:
                         Event(e.kind, e.step, e.time, e.message, e.rank, e.host, e.attrs)
                         for e in batch.events
                     )
+                    contexts.extend(
+                        StepContext(c.step, c.rank, c.time, c.context) for c in batch.contexts
+                    )
                 reply = {
                     "batches": len(job.batches),
                     "stored": len(delivered),
@@ -259,9 +268,10 @@ class IngestWriter:
                     "points": points,
                 }
                 results.append((job, reply, delivered))
-            for (run_id, attempt), (by_sid, events) in grouped.items():
+            for (run_id, attempt), (by_sid, events, contexts) in grouped.items():
                 arrays = {sid: _concat(parts) for sid, parts in by_sid.items()}
                 store.write(run_id, attempt, arrays, events, now=now)
+                store.add_context(run_id, attempt, contexts)
             store.set_client_seqs(marks, now)
         self._marks.update({c: seq for c, (_, seq) in marks.items()})
         self.stored_points += sum(r[1]["points"] for r in results)

@@ -123,6 +123,23 @@ class EventIn(_Model):
     attrs: dict[str, Any] = Field(default_factory=dict)
 
 
+ContextText = Annotated[StrictStr, Field(max_length=1000)]
+ContextValue = Annotated[
+    StrictBool | StrictInt | Annotated[StrictFloat, Field(allow_inf_nan=False)] | ContextText,
+    Field(union_mode="left_to_right"),
+]
+
+
+class ContextIn(_Model):
+    """A change of a rank's step context: from ``step`` on, ``context`` (the whole of it) is
+    in force (``runwatch.store.context``)."""
+
+    step: Step
+    rank: Rank = None
+    time: Number | None = None
+    context: dict[Name, ContextValue] = Field(max_length=1000)
+
+
 class Batch(_Model):
     """One client batch. ``(client_id, seq)`` makes a retried or replayed batch count once:
     the server stores a batch only if ``seq`` is above the highest it stored for the client."""
@@ -132,6 +149,7 @@ class Batch(_Model):
     attempt: _int(1, 2**31 - 1)
     series: list[SeriesIn] = Field(default_factory=list)
     events: list[EventIn] = Field(default_factory=list)
+    contexts: list[ContextIn] = Field(default_factory=list)
 
 
 class RunStart(_Model):
