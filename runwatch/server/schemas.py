@@ -134,7 +134,7 @@ class ContextIn(_Model):
     """A change of a rank's step context: from ``step`` on, ``context`` (the whole of it) is
     in force (``runwatch.store.context``)."""
 
-    step: Step
+    step: _int(0, INT64_MAX)
     rank: Rank = None
     time: Number | None = None
     context: dict[Name, ContextValue] = Field(max_length=1000)
