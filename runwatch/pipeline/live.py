@@ -43,8 +43,12 @@ log = logging.getLogger("runwatch.pipeline.live")
 HANG_CHECK_EVERY_S = 5.0
 """How often the detection thread asks the hang detector, when no batch arrives."""
 INCIDENTS_EVERY_S = 2.0
-"""How often incidents are formed again while episodes only grow; a new or closed episode
-or a failure event forms them at once (an alert per incident needs its incident)."""
+"""How often incidents are formed again while info episodes come and go or episodes only
+grow; a new or closed warning or critical episode, or a failure event, forms them at once
+(an alert per incident needs its incident)."""
+INCIDENT_BUDGET = 0.1
+"""At most this share of the detection thread's time goes to forming incidents when they
+are not urgent: the interval grows with what forming costs on a run with many episodes."""
 
 
 class LiveDetection:
@@ -71,6 +75,9 @@ class LiveDetection:
         self._alert_guard = Guard("handing episodes to alerting", log)
         self._incident_guard = Guard("forming incidents", log)
         self._incidents_formed = -math.inf
+        self._incident_cost = 0.0
+        self._incidents_stale = False
+        self._severity: dict[int, str] = {}
         self._backlog = 0
         self._max_backlog = max_backlog_points
         self.skipped_points = 0
@@ -144,6 +151,8 @@ class LiveDetection:
 
     def _check_hangs(self) -> None:
         self._save(self.fleet.tick())
+        if self._incidents_stale:
+            self._form_incidents(now=False)
 
     def _finish(self) -> None:
         """After the last batch: close open episodes and store them."""
@@ -243,7 +252,13 @@ class LiveDetection:
             if form:
                 self._form_incidents()
             return
-        form = form or any(id(a) not in self._ids or not a.is_open for a in anomalies)
+        # Urgent: what an alert waits for - a warning or critical episode that opened,
+        # closed or got worse. The rest (info episodes, growth) is formed on a budget.
+        urgent = form
+        for a in anomalies:
+            if a.severity != "info" and (self._severity.get(id(a)) != a.severity or not a.is_open):
+                urgent = True
+            self._severity[id(a)] = a.severity
         for attempt in range(5):
             try:
                 self._store.save_anomalies(self._run_id, "live", anomalies, self._ids)
@@ -254,7 +269,7 @@ class LiveDetection:
                 time.sleep(0.05 * (attempt + 1))
         else:
             return
-        self._form_incidents(now=form)
+        self._form_incidents(now=urgent)
         if self._on_change is not None:
             with self._alert_guard:  # (row id in the store, anomaly) for each that changed
                 self._on_change([(self._ids[id(a)], a) for a in anomalies])
@@ -265,9 +280,13 @@ class LiveDetection:
         from runwatch.pipeline.incidents import refresh_incidents
 
         clock = time.monotonic()
-        if not now and clock - self._incidents_formed < INCIDENTS_EVERY_S:
+        every = max(INCIDENTS_EVERY_S, self._incident_cost / INCIDENT_BUDGET)
+        if not now and clock - self._incidents_formed < every:
+            self._incidents_stale = True  # the next tick forms them
             return
-        self._incidents_formed = clock
+        self._incidents_stale = False
         assert self._store is not None and self.monitor is not None
         with self._incident_guard:
             refresh_incidents(self._store, self._run_id, "live", self.monitor.config)
+        self._incidents_formed = time.monotonic()
+        self._incident_cost = self._incidents_formed - clock
