@@ -40,6 +40,8 @@ class DemoReport:
     one of warning or worse, and the info ones while the list stays short."""
     unlisted_info: int
     """Info anomalies left out of ``anomalies`` (a long demo finds many one-point spikes)."""
+    incidents: list[tuple[str, int, str]]
+    """(severity, members, title) of the incidents the anomalies and events formed live."""
 
     @property
     def serious_count(self) -> int:
@@ -69,8 +71,14 @@ class DemoReport:
                 f"  ... and {self.unlisted_info} more info "
                 f"(all of them: runwatch analyze --db {self.db} --run {self.run})"
             )
+        lines.append(f"grouped by cause into {len(self.incidents)} incidents:")
+        lines += [
+            f"  {severity:<8} {members:>3} member{'s' if members != 1 else ' '}  {title}"
+            for severity, members, title in self.incidents
+        ]
         lines.append(
             f"look at it: runwatch dashboard --db {self.db}; "
+            f"runwatch incidents --db {self.db} --run {self.run}; "
             f"runwatch export --db {self.db} --run {self.run}"
         )
         return "\n".join(lines)
@@ -111,8 +119,14 @@ def run_demo(
     faults = [(f.kind, f.step, f.description) for f in describe_faults(steps)]
     with runwatch.open_store(db) as store:
         found = store.anomalies(name, source="live")
+        incidents = [
+            (r.severity, int(r.count), r.title)
+            for r in store.incidents(name, source="live").itertuples(index=False)
+        ]
     listed, unlisted = _listed(found)
-    return DemoReport(db, name, steps, points, sorted(metrics), attempts, faults, listed, unlisted)
+    return DemoReport(
+        db, name, steps, points, sorted(metrics), attempts, faults, listed, unlisted, incidents
+    )
 
 
 LISTED_AT_MOST = 20

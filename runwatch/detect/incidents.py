@@ -366,26 +366,34 @@ def _title(
         hosts = {m.label_dict.get("host") for m in members} - {None}
         where = f" in {len(attempts)} attempts" if len(attempts) > 1 else ""
         where += f" on {len(hosts)} hosts" if len(hosts) > 1 else ""
-        short = sig if len(sig) <= 90 else sig[:87] + "..."
-        return f"{n} {_noun(lead.what, n)}{where}: {short}"
+        # One occurrence reads best as it was logged; several by what they share.
+        text = lead.message.strip().splitlines()[0] if n == 1 else sig
+        short = text if len(text) <= 90 else text[:87] + "..."
+        count = "" if n == 1 else f"{n} "
+        return f"{count}{_noun(lead.what, n)}{where}: {short}"
     if n == 1 and len(members) == 1:
         return lead.message or f"{_noun(lead.what, 1)} on {lead.metric} at step {lead.step}"
     kinds = sorted({(m.what, m.metric) for m in members if m.kind == "anomaly"})
     main = _main(members)
     ranks = {m.label_dict.get("rank") for m in members} - {None}
-    text = f"{n} {main.metric or ''} {_noun(main.what, n)}".replace("  ", " ")
+    count = "" if n == 1 else f"{n} "
+    text = f"{count}{main.metric or ''} {_noun(main.what, n)}".replace("  ", " ")
     if "size_low" in details and main.what in ("spike", "regression", "divergence"):
         low, high = _fmt(details["size_low"]), _fmt(details["size_high"])
         text += f" of ×{low}" if low == high else f" of ×{low}–{high}"
     others = sorted(
-        {f"{w_metric} {_noun(w, 1)}" for w, w_metric in kinds if w_metric != main.metric}
+        {
+            f"{w_metric} {_noun(w, 1)}"
+            for w, w_metric in kinds
+            if (w, w_metric) != (main.what, main.metric) and w != "grad_norm_precursor"
+        }
     )
     if others:
         text += f" with {', '.join(others)}"
     if len(ranks) > 1:
         text += f" on {len(ranks)} ranks"
     first, last = members[0].step, max(m.end_step or m.step or 0 for m in members)
-    text += f", steps {first:,}–{last:,}"
+    text += f" at step {first:,}" if first == last else f", steps {first:,}–{last:,}"
     if "period" in details:
         text += f", about every {details['period']:,} steps"
     if "largest_at" in details and n > 1:

@@ -53,3 +53,12 @@ def test_report_shows_the_injected_loss_spike_found_at_info(tmp_path):
     assert f"{int((severities != 'info').sum())} anomalies of warning or worse" in text
     assert f"and {int((severities == 'info').sum())} info:" in text
     assert "runwatch dashboard --db" in text
+    # Grouped by cause: the NaN in the loss and the Inf in the grad norm at one step are one
+    # incident, the slowdown seen by step time and tokens/s another, the crash a third.
+    assert f"grouped by cause into {len(report.incidents)} incidents:" in text
+    assert len(report.incidents) < len(severities)
+    nan = [i for i in report.incidents if "non-finite" in i[2]]
+    assert len(nan) == 1 and nan[0][:2] == ("critical", 2)
+    slow = [i for i in report.incidents if "slowdown" in i[2]]
+    assert len(slow) == 1 and slow[0][1] == 2 and "tokens_per_s" in slow[0][2]
+    assert sum(i[2].startswith("crash") for i in report.incidents) == 1

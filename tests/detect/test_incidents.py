@@ -104,4 +104,4 @@ def test_a_divergence_after_a_loss_spike_is_one_chain_apart_from_routine_spikes(
     crit = [inc for inc in incidents if inc.severity == "critical"]
     assert len(crit) == 1
     assert sorted(crit[0].members) == [("anomaly", 5), ("anomaly", 99)]
-    assert crit[0].title.startswith("1 loss divergence")
+    assert crit[0].title.startswith("loss divergence of ×3 with loss spike")
