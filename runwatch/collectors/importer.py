@@ -4,23 +4,40 @@ The whole file is imported in one store transaction: a malformed line anywhere (
 :class:`~runwatch.collectors.longformat.LongFormatError` with its line number) rolls back
 everything, so a store never holds half a file. Points keep the file's order; reads sort by
 step and keep the last value of a repeated step, which is what a re-logged step means.
+
+Attempts, as in the hook: a series (metric and labels) whose step goes back starts the next
+attempt of its run, or joins it when another series already started it (so every series of a
+restart lands in one attempt, and a file written metric by metric is read as one attempt).
+A series first seen later joins the latest attempt. A step context row goes back when its
+step is below the highest step its rank has reached in its attempt; events and contexts
+belong to the attempt their rank is in at their place in the file. ``--append`` makes the
+file's first attempt a new attempt of the stored run.
+
+Step context rows merge into the context in force for their run and rank (a null value
+removes a key) and are stored when the merged context changes, as the hook does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from runwatch.collectors.longformat import LongFormatReader
-from runwatch.model import LABEL_KEYS, label_value
+from runwatch.collectors.longformat import ContextRow, EventRow, LongFormatReader, Record
+from runwatch.model import LABEL_KEYS, Event, label_value
 from runwatch.store import Store, StoreError
+from runwatch.store.context import StepContext
 
 log = logging.getLogger("runwatch.collectors.importer")
+
+_KEYS = ["run", "metric", *LABEL_KEYS]
 
 
 class RunAlreadyStoredError(StoreError):
@@ -29,10 +46,230 @@ class RunAlreadyStoredError(StoreError):
 
 @dataclass
 class ImportSummary:
-    """What an import wrote: points and series per run."""
+    """What an import wrote, per run: points, series, events, context rows, restarts."""
 
     points: dict[str, int] = field(default_factory=dict)
     series: dict[str, set[tuple[object, ...]]] = field(default_factory=dict)
+    events: dict[str, int] = field(default_factory=dict)
+    contexts: dict[str, int] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+
+
+class _Series:
+    """Where a series is: the index of its attempt in ``_Run.attempts``, its last step."""
+
+    __slots__ = ("attempt", "last", "rank", "run", "sid")
+
+    def __init__(self, run: _Run, sid: int, rank: Any) -> None:
+        self.run = run
+        self.sid = sid
+        self.rank = rank
+        self.attempt = len(run.attempts) - 1
+        self.last: int | None = None
+
+
+class _Run:
+    """One run of the file: its attempts (made by this import), series and ranks."""
+
+    def __init__(self, name: str, run_id: int, attempt: int) -> None:
+        self.name = name
+        self.run_id = run_id
+        self.attempts = [attempt]
+        self.ranks: dict[Any, list[int]] = {}  # rank -> [attempt index, highest step]
+        self.context: dict[Any, dict[str, Any]] = {}  # rank -> context in force
+        self.kept: dict[Any, tuple[int, dict[str, Any]]] = {}  # rank -> last row stored
+
+    def reached(self, rank: Any, attempt: int, step: int) -> None:
+        """A point or context of ``rank`` at ``step`` in attempt index ``attempt``."""
+        high = self.ranks.get(rank)
+        if high is None or attempt > high[0]:
+            self.ranks[rank] = [attempt, step]
+        elif attempt == high[0] and step > high[1]:
+            high[1] = step
+
+
+class _Importer:
+    def __init__(self, store: Store, path: Path, append: bool, summary: ImportSummary) -> None:
+        self.store = store
+        self.path = path
+        self.append = append
+        self.summary = summary
+        self.runs: dict[str, _Run] = {}
+        self.series: dict[tuple[Any, ...], _Series] = {}
+        self.now = time.time()
+
+    # -- runs and attempts -----------------------------------------------------------------
+    def run(self, name: str) -> _Run:
+        found = self.runs.get(name)
+        if found is None:
+            exists = name in set(self.store.runs()["name"])
+            if exists and not self.append:
+                raise RunAlreadyStoredError(
+                    f"{self.store.path} already has a run named {name!r}; pass --append to add "
+                    "this file as a new attempt of it, or --run NAME to import under another "
+                    "name"
+                )
+            run_id, attempt = self.store.start_run(name, resume=True if exists else None)
+            found = self.runs[name] = _Run(name, run_id, attempt)
+            self.summary.points.setdefault(name, 0)
+            self.summary.series.setdefault(name, set())
+        return found
+
+    def after(self, run: _Run, attempt: int, step: int, what: str) -> int:
+        """The attempt index after ``attempt``: a restart at ``step``, made on first need."""
+        if attempt + 1 < len(run.attempts):
+            return attempt + 1
+        message = f"{what} went back to step {step} in {self.path.name}: new attempt (restart)"
+        run.attempts.append(self.store.begin_attempt(run.run_id, step, "restart", message=message))
+        self.summary.restarts[run.name] = self.summary.restarts.get(run.name, 0) + 1
+        return len(run.attempts) - 1
+
+    # -- points ----------------------------------------------------------------------------
+    def chunk(self, chunk: pd.DataFrame, records: list[Record], offset: int) -> None:
+        """Write one chunk of points and the records read with it (``offset``: the points
+        before the chunk in the file)."""
+        n = len(chunk)
+        codes = np.zeros(n, dtype=np.int64)
+        states: list[_Series] = []
+        if n:
+            grouped = chunk.groupby(_KEYS, sort=False, dropna=False)
+            codes = grouped.ngroup().to_numpy()
+            _, firsts = np.unique(codes, return_index=True)
+            for first in firsts.tolist():
+                row = chunk.iloc[first]
+                states.append(self._series(row))
+        steps = chunk["step"].to_numpy(dtype=np.int64)
+        by_series = _split_by_code(codes, steps, len(states))
+        if not records and not self._goes_back(by_series, states):
+            attempts = np.array([s.attempt for s in states], dtype=np.int64)[codes]
+            for state, mine in zip(states, by_series, strict=True):
+                state.last = int(mine[-1])
+                state.run.reached(state.rank, state.attempt, int(mine.max()))
+        else:
+            attempts = self._in_file_order(codes, steps, states, records, offset)
+        self._write(chunk, codes, attempts, states)
+
+    def _series(self, row: pd.Series) -> _Series:
+        labels = {k: label_value(row[k]) for k in LABEL_KEYS}
+        key = (str(row["run"]), str(row["metric"]), *labels.values())
+        state = self.series.get(key)
+        if state is None:
+            run = self.run(key[0])
+            sid = self.store.series_id(run.run_id, key[1], labels)
+            state = self.series[key] = _Series(run, sid, labels["rank"])
+            self.summary.series[run.name].add(key[1:])
+        return state
+
+    @staticmethod
+    def _goes_back(by_series: list[np.ndarray], states: list[_Series]) -> bool:
+        """Whether any series' step goes back in this chunk (then rows go one by one)."""
+        for state, mine in zip(states, by_series, strict=True):
+            if state.last is not None and mine[0] < state.last:
+                return True
+            if len(mine) > 1 and (mine[1:] < mine[:-1]).any():
+                return True
+        return False
+
+    def _in_file_order(
+        self,
+        codes: np.ndarray,
+        steps: np.ndarray,
+        states: list[_Series],
+        records: list[Record],
+        offset: int,
+    ) -> np.ndarray:
+        """Each row's attempt index, taking rows and records one by one in file order."""
+        attempts = np.empty(len(codes), dtype=np.int64)
+        pending = iter(records)
+        record = next(pending, None)
+        for i, (code, step) in enumerate(zip(codes.tolist(), steps.tolist(), strict=True)):
+            while record is not None and record.before <= offset + i:
+                self.record(record)
+                record = next(pending, None)
+            state = states[code]
+            if state.last is None:  # first seen here: the latest attempt at this line
+                state.attempt = len(state.run.attempts) - 1
+            elif step < state.last:
+                state.attempt = self.after(state.run, state.attempt, step, "the step")
+            state.last = step
+            attempts[i] = state.attempt
+            state.run.reached(state.rank, state.attempt, step)
+        while record is not None:
+            self.record(record)
+            record = next(pending, None)
+        return attempts
+
+    def _write(
+        self, chunk: pd.DataFrame, codes: np.ndarray, attempts: np.ndarray, states: list[_Series]
+    ) -> None:
+        if not len(chunk):
+            return
+        times = chunk["time"].to_numpy(dtype=np.float64)
+        values = chunk["value"].to_numpy(dtype=np.float64)
+        steps = chunk["step"].to_numpy(dtype=np.int64)
+        # One write per (series, attempt), rows in file order within it.
+        order = np.lexsort((np.arange(len(codes)), attempts, codes))
+        keys = codes[order] * (attempts.max() + 1) + attempts[order]
+        cuts = np.flatnonzero(np.diff(keys)) + 1
+        for part in np.split(order, cuts):
+            state = states[codes[part[0]]]
+            run = state.run
+            arrays = (steps[part], times[part], values[part])
+            self.store.write(run.run_id, run.attempts[attempts[part[0]]], {state.sid: arrays})
+            self.summary.points[run.name] += len(part)
+
+    # -- events and step context ------------------------------------------------------------
+    def record(self, record: Record) -> None:
+        run = self.run(record.run)
+        if isinstance(record, EventRow):
+            high = run.ranks.get(record.rank)
+            attempt = len(run.attempts) - 1 if high is None else high[0]
+            event = Event(
+                record.kind,
+                record.step,
+                self.now if record.time is None else record.time,
+                record.message,
+                record.rank,
+                record.host,
+                record.attrs,
+            )
+            self.store.add_events(run.run_id, run.attempts[attempt], [event])
+            self.summary.events[run.name] = self.summary.events.get(run.name, 0) + 1
+            return
+        self._context(run, record)
+
+    def _context(self, run: _Run, row: ContextRow) -> None:
+        high = run.ranks.get(row.rank)
+        if high is None:
+            attempt = len(run.attempts) - 1
+        elif row.step < high[1]:
+            attempt = self.after(run, high[0], row.step, "a step context")
+        else:
+            attempt = high[0]
+        run.reached(row.rank, attempt, row.step)
+        context = run.context.setdefault(row.rank, {})
+        for key, value in row.context.items():
+            if value is None:
+                context.pop(key, None)
+            else:
+                context[key] = value
+        kept = run.kept.get(row.rank)
+        if kept is not None and kept == (attempt, context):
+            return
+        stored = dict(context)
+        run.kept[row.rank] = (attempt, stored)
+        self.store.add_context(
+            run.run_id, run.attempts[attempt], [StepContext(row.step, row.rank, row.time, stored)]
+        )
+        self.summary.contexts[run.name] = self.summary.contexts.get(run.name, 0) + 1
+
+
+def _split_by_code(codes: np.ndarray, steps: np.ndarray, n: int) -> list[np.ndarray]:
+    """Each series' steps (``codes`` numbers the series), in file order."""
+    if n <= 1:
+        return [steps] if n else []
+    order = np.argsort(codes, kind="stable")
+    return np.split(steps[order], np.cumsum(np.bincount(codes, minlength=n))[:-1])
 
 
 def import_long_format(
@@ -48,52 +285,21 @@ def import_long_format(
 
     ``progress(bytes_read, total_bytes)`` is called after each chunk. A run that exists is
     refused unless ``append=True``, which adds the file as a new attempt of that run.
+    JSONL events and step contexts are stored with the points (see the module docstring).
     """
     reader = LongFormatReader(path, fmt=fmt)
     summary = ImportSummary()
-    runs: dict[str, tuple[int, int]] = {}
+    importer = _Importer(store, Path(path), append, summary)
+    offset = 0
     with store.transaction():
-        for chunk in reader:
+        for chunk, records in reader.items():
             if run_name is not None:
                 chunk = chunk.assign(run=run_name)
-            _write_chunk(store, chunk, runs, summary, append)
+                records = [dataclasses.replace(r, run=run_name) for r in records]
+            importer.chunk(chunk, records, offset)
+            offset += len(chunk)
             if progress is not None:
                 progress(reader.bytes_read, reader.total_bytes)
-        for run_id, _ in runs.values():
-            store.set_run_status(run_id, "finished")
+        for run in importer.runs.values():
+            store.set_run_status(run.run_id, "finished")
     return summary
-
-
-def _write_chunk(
-    store: Store,
-    chunk: pd.DataFrame,
-    runs: dict[str, tuple[int, int]],
-    summary: ImportSummary,
-    append: bool,
-) -> None:
-    keys = ["run", "metric", *LABEL_KEYS]
-    for key, group in chunk.groupby(keys, sort=False, dropna=False):
-        name, metric = str(key[0]), str(key[1])
-        labels = {k: label_value(v) for k, v in zip(LABEL_KEYS, key[2:], strict=True)}
-        if name not in runs:
-            runs[name] = _open_run(store, name, append)
-        run_id, attempt = runs[name]
-        series_id = store.series_id(run_id, metric, labels)
-        arrays = (
-            group["step"].to_numpy(dtype=np.int64),
-            group["time"].to_numpy(dtype=np.float64),
-            group["value"].to_numpy(dtype=np.float64),
-        )
-        store.write(run_id, attempt, {series_id: arrays})
-        summary.points[name] = summary.points.get(name, 0) + len(group)
-        summary.series.setdefault(name, set()).add((metric, *labels.values()))
-
-
-def _open_run(store: Store, name: str, append: bool) -> tuple[int, int]:
-    exists = name in set(store.runs()["name"])
-    if exists and not append:
-        raise RunAlreadyStoredError(
-            f"{store.path} already has a run named {name!r}; pass --append to add this file "
-            "as a new attempt of it, or --run NAME to import under another name"
-        )
-    return store.start_run(name, resume=True if exists else None)

@@ -12,6 +12,14 @@ writes, so two rules matter more than speed:
 Chunks are yielded as they are read, so a caller that must write all or nothing (the import
 command) wraps the whole read in one transaction.
 
+A JSONL row may also be an event, ``{"run", "step", "event", "message", "time", "rank",
+"host"}`` (``event`` one of :data:`runwatch.model.EVENT_KINDS`; ``step``, ``message``,
+``time``, ``rank``, ``host`` optional), or a step context, ``{"run", "step", "context": {...}}``
+(``time`` and ``rank`` optional; values str, int, float or bool, null removes a key), which
+holds until it changes. They come out of :meth:`LongFormatReader.items` beside the points
+(:class:`EventRow`, :class:`ContextRow`, each with its line and the number of points before it
+in the file, so a caller can put them back in file order); plain iteration gives the points.
+
 Every chunk is a DataFrame with the columns of :data:`COLUMNS`, in that order:
 
 =========  ==========================================================
@@ -52,11 +60,15 @@ import math
 import os
 import zlib
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TextIO
 
 import numpy as np
 import pandas as pd
+
+from runwatch.model import EVENT_KINDS
+from runwatch.store.context import context_problem
 
 log = logging.getLogger("runwatch.collectors.longformat")
 
@@ -102,6 +114,39 @@ class LongFormatError(ValueError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.path, self.line, self.message, self.column))
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """An event read from a JSONL line; ``before`` counts the point rows above it."""
+
+    run: str
+    step: int | None
+    kind: str
+    message: str
+    time: float | None
+    rank: int | None
+    host: str | None
+    attrs: dict[str, Any]
+    line: int
+    before: int
+
+
+@dataclass(frozen=True)
+class ContextRow:
+    """A step context read from a JSONL line: ``context`` merges into the context in force
+    from ``step`` on (a None value removes a key); ``before`` counts the point rows above it."""
+
+    run: str
+    step: int
+    context: dict[str, Any]
+    time: float | None
+    rank: int | None
+    line: int
+    before: int
+
+
+Record = EventRow | ContextRow
 
 
 def detect_format(path: str | Path, fmt: str | None = None) -> str:
@@ -157,6 +202,8 @@ class LongFormatReader(Iterator[pd.DataFrame]):
         self._rows = 0
         self._done = False
         self._gen = self._chunks()
+        self.records: list[Record] = []
+        """The events and step contexts read with the last chunk (JSONL only)."""
 
     @property
     def bytes_read(self) -> int:
@@ -176,9 +223,15 @@ class LongFormatReader(Iterator[pd.DataFrame]):
         return self
 
     def __next__(self) -> pd.DataFrame:
-        chunk = next(self._gen)
+        chunk, self.records = next(self._gen)
         self._rows += len(chunk)
         return chunk
+
+    def items(self) -> Iterator[tuple[pd.DataFrame, list[Record]]]:
+        """Each chunk of points with the events and step contexts read with it, in file
+        order: a record's ``before`` is the number of point rows above it in the file."""
+        for chunk in self:
+            yield chunk, self.records
 
     def close(self) -> None:
         """Close the file; further iteration stops."""
@@ -190,7 +243,7 @@ class LongFormatReader(Iterator[pd.DataFrame]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _chunks(self) -> Iterator[pd.DataFrame]:
+    def _chunks(self) -> Iterator[tuple[pd.DataFrame, list[Record]]]:
         self._raw = open(self.path, "rb")  # noqa: SIM115 - closed in finally
         try:
             fh: IO[bytes] = self._raw
@@ -198,7 +251,7 @@ class LongFormatReader(Iterator[pd.DataFrame]):
                 fh = gzip.GzipFile(fileobj=self._raw, mode="rb")
             self._raw.seek(0)
             if self.fmt == "csv":
-                yield from _read_csv(fh, self.path, self.chunk_rows)
+                yield from ((chunk, []) for chunk in _read_csv(fh, self.path, self.chunk_rows))
             else:
                 yield from _read_jsonl(fh, self.path, self.chunk_rows)
             self._done = True
@@ -548,8 +601,12 @@ def _append_csv_row(cols: _Columns, row: list[str], where: dict[str, int]) -> No
 # --------------------------------------------------------------------------- JSONL
 
 
-def _read_jsonl(fh: IO[bytes], path: Path, chunk_rows: int) -> Iterator[pd.DataFrame]:
+def _read_jsonl(
+    fh: IO[bytes], path: Path, chunk_rows: int
+) -> Iterator[tuple[pd.DataFrame, list[Record]]]:
     cols = _Columns()
+    records: list[Record] = []
+    points = 0
     for line_no, raw in enumerate(fh, start=1):
         if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
             raw = raw[3:]
@@ -568,14 +625,66 @@ def _read_jsonl(fh: IO[bytes], path: Path, chunk_rows: int) -> Iterator[pd.DataF
                 path, line_no, f"JSON line is not an object (got {type(obj).__name__})"
             )
         try:
-            _append_json_row(cols, obj)
+            if "event" in obj or "context" in obj:
+                records.append(_json_record(obj, line_no, points + len(cols)))
+            else:
+                _append_json_row(cols, obj)
         except _FieldError as exc:
             raise LongFormatError(path, line_no, exc.message, exc.column) from None
-        if len(cols) >= chunk_rows:
-            yield cols.frame()
-            cols = _Columns()
-    if len(cols):
-        yield cols.frame()
+        if len(cols) + len(records) >= chunk_rows:
+            points += len(cols)
+            yield cols.frame(), records
+            cols, records = _Columns(), []
+    if len(cols) or records:
+        yield cols.frame(), records
+
+
+def _json_record(obj: dict[str, Any], line: int, before: int) -> Record:
+    """An event or step-context line (the caller saw an ``event`` or ``context`` key)."""
+    kinds = [k for k in ("metric", "event", "context") if k in obj]
+    if len(kinds) > 1:
+        raise _FieldError(
+            kinds[1],
+            f"a line is a point (metric, value), an event (event) or a step context "
+            f"(context), not several: it has {' and '.join(map(repr, kinds))}",
+        )
+    if "run" not in obj:
+        raise _FieldError("run", "missing required key 'run'")
+    run = _json_name(obj["run"], "run")
+    time = _json_float(obj.get("time"), "time", optional=True)
+    rank = _json_int(obj.get("rank"), "rank", optional=True)
+    when = None if math.isnan(time) else time
+    if "event" in obj:
+        kind = obj["event"]
+        if kind not in EVENT_KINDS:
+            raise _FieldError(
+                "event", f"unknown event kind {kind!r}; valid: {', '.join(EVENT_KINDS)}"
+            )
+        message = obj.get("message", "")
+        if not isinstance(message, str):
+            raise _FieldError("message", f"message must be a string, got {message!r}")
+        host = obj.get("host")
+        if host is not None and not isinstance(host, str):
+            raise _FieldError("host", f"host must be a string, got {host!r}")
+        attrs = obj.get("attrs", {})
+        if not isinstance(attrs, dict):
+            raise _FieldError("attrs", f"attrs must be an object, got {attrs!r}")
+        step = _json_int(obj.get("step"), "step", optional=True)
+        return EventRow(run, step, kind, message, when, rank, host or None, attrs, line, before)
+    if "step" not in obj:
+        raise _FieldError("step", "missing required key 'step' (a context holds from a step)")
+    step = _json_int(obj["step"], "step", optional=False)
+    context = obj["context"]
+    if not isinstance(context, dict):
+        raise _FieldError(
+            "context",
+            f"context must be an object of str, int, float or bool values, got {context!r}",
+        )
+    for key, value in context.items():
+        problem = context_problem(key, value)
+        if problem is not None:
+            raise _FieldError("context", f"context key {key!r}: {problem} (got {value!r})")
+    return ContextRow(run, step, dict(context), when, rank, line, before)  # type: ignore[arg-type]
 
 
 def _append_json_row(cols: _Columns, obj: dict[str, Any]) -> None:

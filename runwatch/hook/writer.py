@@ -23,7 +23,6 @@ its tick (``_flush``).
 from __future__ import annotations
 
 import logging
-import math
 import operator
 import random
 import time
@@ -39,7 +38,7 @@ from runwatch.hook.drops import DropCounter
 from runwatch.hook.values import RefusedValue, name_problem, to_float
 from runwatch.model import Event, SeriesBatch, SeriesPoints
 from runwatch.store import labels_key
-from runwatch.store.context import StepContext
+from runwatch.store.context import StepContext, context_problem
 from runwatch.worker import Worker
 
 log = logging.getLogger("runwatch.hook")
@@ -55,10 +54,6 @@ class BatchSink(Protocol):
     def __call__(self, batch: SeriesBatch, events: list[Event]) -> None: ...
 
 
-MAX_CONTEXT_TEXT = 1000
-"""The longest str a step context value may be (a shard name, a path, a commit)."""
-
-
 class ContextUpdate:
     """Queued by ``run.log(context=)`` and ``run.context()``: keys to merge into the step
     context at the next logged step (None removes a key); unchecked until the writer."""
@@ -68,28 +63,6 @@ class ContextUpdate:
     def __init__(self, values: Any, time: float) -> None:
         self.values = values
         self.time = time
-
-
-def context_problem(key: object, value: object) -> str | None:
-    """Why ``key: value`` cannot be in a step context, or None when it can (None removes).
-
-    >>> context_problem("shard", "s17") is None, context_problem("epoch", None) is None
-    (True, True)
-    >>> context_problem("shard", [1, 2])
-    'value is a list, not a str, int, float or bool'
-    """
-    problem = name_problem(key)
-    if problem is not None:
-        return f"key {problem}"
-    if value is None or isinstance(value, (bool, int)):
-        return None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else "value is not a finite number"
-    if isinstance(value, str):
-        if len(value) > MAX_CONTEXT_TEXT:
-            return f"value is {len(value)} characters long (at most {MAX_CONTEXT_TEXT})"
-        return None
-    return f"value is a {type(value).__name__}, not a str, int, float or bool"
 
 
 def _plain(value: Any) -> Any:

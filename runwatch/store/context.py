@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
+import re
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -30,6 +32,11 @@ if TYPE_CHECKING:
 
 ContextValue = str | int | float | bool
 
+MAX_CONTEXT_KEY = 200
+MAX_CONTEXT_TEXT = 1000
+"""The longest key and str value a step context may hold (a shard name, a path, a commit)."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
 
 class StepContext(NamedTuple):
     """One change of a run's step context: from ``step`` on, on ``rank`` (None: no rank),
@@ -39,6 +46,32 @@ class StepContext(NamedTuple):
     rank: int | None
     time: float | None
     context: Mapping[str, ContextValue]
+
+
+def context_problem(key: object, value: object) -> str | None:
+    """Why ``key: value`` cannot be in a step context, or None when it can (a None value
+    removes the key). The hook refuses and counts such a key; ``runwatch import`` stops.
+
+    >>> context_problem("shard", "s17") is None, context_problem("epoch", None) is None
+    (True, True)
+    >>> context_problem("shard", [1, 2])
+    'value is a list, not a str, int, float or bool'
+    """
+    if not isinstance(key, str):
+        return f"key is a {type(key).__name__}, not a str"
+    if not key.strip():
+        return "key is empty"
+    if len(key) > MAX_CONTEXT_KEY or _CONTROL.search(key):
+        return f"key is longer than {MAX_CONTEXT_KEY} characters or has a control character"
+    if value is None or isinstance(value, (bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else "value is not a finite number"
+    if isinstance(value, str):
+        if len(value) > MAX_CONTEXT_TEXT:
+            return f"value is {len(value)} characters long (at most {MAX_CONTEXT_TEXT})"
+        return None
+    return f"value is a {type(value).__name__}, not a str, int, float or bool"
 
 
 def context_json(context: Mapping[str, Any]) -> str:
