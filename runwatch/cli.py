@@ -189,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
         "batch size; from tokens_per_step in the config, else tokens_per_s x step_time_s)",
     )
     fc.add_argument("--format", choices=("table", "json"), default="table")
+    # `incidents` and `verdict` (cli_incidents.py), listed after the analysis that forms them.
+    _COMMANDS.update(importlib.import_module("runwatch.cli_incidents").register(sub))
 
     runs = sub.add_parser(
         "runs",
