@@ -265,9 +265,9 @@ class Run:
         try:
             given = dict(context) if isinstance(context, Mapping) else context
             # Kept for the next comparison only when it holds plain values: comparing dicts
-            # that hold arrays would raise in the training thread.
+            # that hold arrays would raise in the training thread. The writer only reads it.
             plain = type(given) is dict and all(type(v) in _PLAIN for v in given.values())
-            self._context_given = dict(given) if plain else None
+            self._context_given = given if plain else None
             self._put(ContextUpdate(given, _now()))
         except Exception:  # never raise into the training loop
             self._context_given = None

@@ -38,7 +38,7 @@ from runwatch.hook.drops import DropCounter
 from runwatch.hook.values import RefusedValue, name_problem, to_float
 from runwatch.model import Event, SeriesBatch, SeriesPoints
 from runwatch.store import labels_key
-from runwatch.store.context import StepContext, context_problem
+from runwatch.store.context import MAX_CONTEXT_TEXT, StepContext, context_problem
 from runwatch.worker import Worker
 
 log = logging.getLogger("runwatch.hook")
@@ -134,6 +134,7 @@ class Writer:
         self._context: dict[str, Any] = {}  # the step context in force
         self._context_kept: dict[str, Any] | None = None  # the last one stored
         self._context_pending: dict[str, Any] | None = None  # to merge at the next step
+        self._context_keys: set[str] = set()  # keys already checked
         self._buffered = 0
         self._sink_guard = Guard("feeding live detection a batch", log)
         self.last_step: int | None = None
@@ -251,6 +252,9 @@ class Writer:
             return
         pending = self._context_pending if self._context_pending is not None else {}
         for key, value in values.items():
+            if type(value) is str and key in self._context_keys and len(value) <= MAX_CONTEXT_TEXT:
+                pending[key] = value  # the common case: a known key, a short str
+                continue
             problem = context_problem(key, value)
             if problem is not None:
                 self._drops.add("bad_context")
@@ -263,6 +267,7 @@ class Writer:
                 )
                 continue
             pending[key] = _plain(value)
+            self._context_keys.add(key)
         self._context_pending = pending
 
     def _apply_context(self, step: int, stamp: float) -> None:
