@@ -284,3 +284,20 @@ def test_the_command_line_prints_json_lines_in_a_real_process(spiky):
         [sys.executable, "-m", "runwatch.cli", "--help"], capture_output=True, text=True, check=True
     ).stdout
     assert "incidents" in help_text and "verdict" in help_text
+
+
+def test_live_incidents_are_listed_by_default_and_source_picks_one(db_path, capsys):
+    rng = np.random.default_rng(3)
+    with runwatch.init(name="live", store=str(db_path)) as run:  # live detection on
+        for step in range(1, 1501):
+            loss = 2.0 + 6.0 * (step + 10.0) ** -0.35 + rng.normal(0, 0.004)
+            run.log({"loss": float("nan") if step == 1200 else loss}, step=step)
+    db = str(db_path)
+    live = _json(capsys, db, "live")
+    assert live and {row["source"] for row in live} == {"live"}
+    assert any(m["what"] == "nonfinite" for row in live for m in row["members"])
+    assert _json(capsys, db, "live", "--source", "live") == live
+    argv = ["incidents", "--db", db, "--run", "live", "--source", "replay", "--format", "json"]
+    assert main(argv) == 0
+    # None replayed yet, but anomalies are stored: no hint to analyse.
+    assert capsys.readouterr() == ("", "")
