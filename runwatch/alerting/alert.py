@@ -3,7 +3,8 @@
 The labels are what routes, silences, inhibition and grouping work on, as in Alertmanager;
 the numbers (observed vs expected with its band, the steps) are what the message says. An
 alert's identity is the anomaly's row id in the store, so an episode that grows or closes
-updates the same alert rather than making a new one.
+updates the same alert rather than making a new one. The engine adds the ``incident`` label
+(the id of the incident the episode belongs to) once the store has formed it.
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ class Alert:
     @property
     def severity(self) -> str:
         return self.labels["severity"]
+
+    @property
+    def incident(self) -> int | None:
+        """The id of the episode's incident, once the engine has looked it up."""
+        value = self.labels.get("incident")
+        return int(value) if value else None
 
     @property
     def fingerprint(self) -> str:

@@ -18,7 +18,9 @@ from typing import Any
 from runwatch.model import SEVERITIES
 from runwatch.store import DEFAULT_STORE
 
-SILENCE_LABELS = ("run", "project", "detector", "metric", "severity", "rank", "host", "gpu")
+SILENCE_LABELS = (
+    "run", "project", "detector", "metric", "severity", "rank", "host", "gpu", "incident",
+)  # fmt: skip
 
 
 def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:

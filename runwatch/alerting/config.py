@@ -16,8 +16,12 @@ CHANNEL_TYPES = ("webhook", "slack", "alertmanager_webhook", "alertmanager")
 webhook payload v4 (for existing receivers); alertmanager: POST to a real Alertmanager's
 /api/v2/alerts."""
 
-LABELS = ("alertname", "run", "project", "detector", "metric", "severity", "rank", "host", "gpu")
-"""The labels of an alert: what routes match, silences match and groups are formed by."""
+LABELS = (
+    "alertname", "run", "project", "detector", "metric", "severity", "rank", "host", "gpu",
+    "incident",
+)  # fmt: skip
+"""The labels of an alert: what routes match, silences match and groups are formed by.
+``incident`` is the id of the incident the episode belongs to (absent while in none)."""
 
 MATCH_KEYS = ("min_severity", *LABELS[1:])
 DEFAULT_WEBHOOK_CHANNEL = "default"

@@ -1,11 +1,18 @@
 """The alert engine: anomaly changes in, grouped, filtered messages into the outbox.
 
 ``observe`` is called by live detection (from its thread) each time episodes open, grow or
-close; it only updates the in-memory groups and wakes the engine's thread. That thread
-flushes groups whose time has come (``grouping.py``), drops what is silenced or inhibited,
-renders one body per channel and writes them to the outbox in one transaction; the
+close, after it has stored them and formed the run's incidents; it only queues the alerts
+and wakes the engine's thread. That thread looks up each episode's incident in the store
+(``store.incident_of``) and labels the alert with it, flushes groups whose time has come
+(``grouping.py``), drops what is silenced or inhibited, renders one body per channel, with
+the incidents it is about, and writes them to the outbox in one transaction; the
 :class:`Sender` thread delivers from there. ``close`` flushes every group at once (a run
 that finishes does not wait out ``group_wait``) and waits, bounded, for the outbox.
+
+Verdicts feed back: a new episode of an incident judged ``benign`` is not alerted (it is
+still stored and counted in the incident; ``folded`` counts it here and the log says so
+once per incident). ``real`` and ``watch`` incidents alert as open ones do, and a benign
+incident that got a worse member is ``open`` again (``store/incidents.py``), so it alerts.
 
 What survives a crash: everything in the outbox. Alerts still inside ``group_wait`` when the
 process is killed are not yet there; their anomalies are in the store, and ``runwatch
@@ -22,12 +29,13 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 import httpx
 
 from runwatch.alerting.alert import Alert, alert_from_anomaly
-from runwatch.alerting.grouping import Grouper, Notification
+from runwatch.alerting.grouping import INCIDENT, Grouper, Notification
 from runwatch.alerting.payloads import group_summary, render
 from runwatch.alerting.rules import Rules, matches
 from runwatch.alerting.sender import Sender
@@ -40,6 +48,10 @@ log = logging.getLogger("runwatch.alerting")
 
 SILENCE_REFRESH = 1.0
 """Seconds between re-reads of the silences table: `runwatch silence add` acts this fast."""
+INCIDENT_REFRESH = 2.0
+"""Seconds between re-reads of the incidents of runs with alerts held (their count, severity
+or title changing is news); when a group is due they are read at once, so a message names
+the incident as it stands."""
 
 
 class AlertEngine:
@@ -60,12 +72,20 @@ class AlertEngine:
         self._clock = clock
         self._grouper = Grouper(rules)
         self._started: dict[int, float] = {}
-        self._lock = threading.Lock()
+        self._pending: list[tuple[Alert, float]] = []  # observed, not yet grouped
+        self._incident_of: dict[int, str] = {}  # alert id -> incident id, while it is open
+        self._incidents: dict[str, dict[str, Any]] = {}  # incident id -> incident_info
+        self._incidents_read = float("-inf")
+        self._lock = threading.Lock()  # observe (detection thread) vs tick
+        self._tick_lock = threading.Lock()  # the engine's thread vs flush() from another
         self._store: Store | None = None
         self._silences: list[dict[str, tuple[str, ...]]] = []
         self._silences_read = float("-inf")
         self.sender = Sender(store_path, rules, clock=clock, rng=rng, client=client)
         self.enqueued = 0
+        self.folded = 0
+        """Episodes of benign incidents that were not alerted (they are in the store)."""
+        self.folded_by_incident: Counter[int] = Counter()
         self._close_guard = Guard("flushing alerts at close", log)
         # A flush at once, then when observe() wakes it or the next group is due.
         self._worker = Worker(
@@ -85,7 +105,10 @@ class AlertEngine:
     def observe(
         self, run: str, project: str | None, changes: Iterable[tuple[int, Anomaly]]
     ) -> None:
-        """Episodes of ``run`` that opened, grew or closed: (row id in the store, anomaly)."""
+        """Episodes of ``run`` that opened, grew or closed: (row id in the store, anomaly).
+
+        Cheap, on the caller's thread: the incident lookup and grouping happen in ``tick``.
+        """
         now = self._clock()
         with self._lock:
             for row_id, anomaly in changes:
@@ -94,7 +117,7 @@ class AlertEngine:
                 alert.starts_at = self._started.setdefault(row_id, now)
                 if not anomaly.is_open:
                     self._started.pop(row_id, None)
-                self._grouper.add(alert, now)
+                self._pending.append((alert, now))
         self._worker.wake()
 
     def bind(self, run: str, project: str | None) -> Callable[[list[tuple[int, Anomaly]]], None]:
@@ -108,19 +131,87 @@ class AlertEngine:
     # -- one flush ---------------------------------------------------------------------------
     def tick(self, *, everything: bool = False) -> int:
         """Flush due groups (all if ``everything``) into the outbox; return messages written."""
+        with self._tick_lock:
+            return self._tick(everything)
+
+    def _tick(self, everything: bool) -> int:
         now = self._clock()
         self._refresh_silences(now)
         with self._lock:
-            visible = self._visibility()
-            notes = self._grouper.due(now, visible, everything=everything)
+            pending, self._pending = self._pending, []
+        grouper = self._grouper
+        for alert, seen in pending:
+            if self._with_incident(alert):
+                grouper.add(alert, seen)
+        due = grouper.next_due()
+        runs = grouper.runs()
+        if runs:
+            fresh = everything or (due is not None and due <= now)
+            if fresh or now - self._incidents_read >= INCIDENT_REFRESH:
+                self._read_incidents(runs, now)
+                grouper.note_incidents(self._incidents, runs, now)
+        notes = grouper.due(now, self._visibility(), everything=everything)
         if not notes:
             return 0
+        notes = [replace(note, incidents=self._incidents_in(note)) for note in notes]
         messages = [m for note in notes for m in self._messages(note)]
         written = self.store.enqueue_alerts(messages, now)
         self.enqueued += written
         log.info("runwatch: %d alert messages queued (%d groups)", written, len(notes))
         self.sender.wake()
         return written
+
+    # -- incidents ---------------------------------------------------------------------------
+    def _with_incident(self, alert: Alert) -> bool:
+        """Label ``alert`` with its incident; False if it is to fold quietly (a new episode
+        of a benign incident)."""
+        try:
+            found = self.store.incident_of(alert.id)
+        except Exception as exc:  # no incidents to be had: alert as before, by detector
+            log.debug("runwatch: no incident for anomaly %d: %s", alert.id, exc)
+            found = None
+        held = self._grouper.holds(alert.id)
+        if found is None:
+            known = self._incident_of.get(alert.id) if held else None
+            if known is not None:
+                alert.labels[INCIDENT] = known  # not re-formed yet: it stays where it was
+            return True
+        incident, status = found
+        if status == "benign" and not held:
+            self.folded += 1
+            self.folded_by_incident[incident] += 1
+            if self.folded_by_incident[incident] == 1:
+                log.info(
+                    "runwatch: run %s: incident %d is benign; its new episodes fold in "
+                    "without an alert (they are stored and counted)",
+                    alert.run,
+                    incident,
+                )
+            log.debug("runwatch: anomaly %d folded into benign incident %d", alert.id, incident)
+            return False
+        alert.labels[INCIDENT] = str(incident)
+        if alert.status == "firing":
+            self._incident_of[alert.id] = str(incident)
+        else:
+            self._incident_of.pop(alert.id, None)
+        return True
+
+    def _read_incidents(self, runs: set[str], now: float) -> None:
+        """The live incidents of ``runs`` as the store has them now."""
+        self._incidents_read = now
+        for run in sorted(runs):
+            try:
+                frame = self.store.incidents(run, source="live")
+            except Exception as exc:  # an unknown run, a store being migrated: not fatal
+                log.debug("runwatch: cannot read the incidents of run %r: %s", run, exc)
+                continue
+            for row in frame.to_dict("records"):
+                self._incidents[str(int(row["id"]))] = incident_info(row)
+
+    def _incidents_in(self, note: Notification) -> tuple[dict[str, Any], ...]:
+        ids = {a.labels.get(INCIDENT) for a in note.alerts} | {note.group_labels.get(INCIDENT)}
+        found = [self._incidents[i] for i in ids if i and i in self._incidents]
+        return tuple(sorted(found, key=lambda info: info["id"]))
 
     def _messages(self, note: Notification) -> list[tuple[str, str, str, str]]:
         out = []
@@ -174,7 +265,7 @@ class AlertEngine:
     def _flush_due(self) -> float:
         """The worker's tick: flush what is due; seconds until the next group is due."""
         self.tick()
-        with self._lock:
+        with self._tick_lock:
             due = self._grouper.next_due()
         pause = 1.0 if due is None else due - self._clock()
         return min(max(pause, 0.001), SILENCE_REFRESH)
@@ -216,3 +307,30 @@ class AlertEngine:
             self._store.close()
             self._store = None
         return done
+
+
+def incident_info(row: dict[str, Any]) -> dict[str, Any]:
+    """What a message says of an incident, from a row of ``store.incidents``: plain JSON."""
+    hypotheses = row.get("hypotheses") or []
+    details = row.get("details") or {}
+    return {
+        "id": int(row["id"]),
+        "run": row.get("run"),
+        "title": row.get("title"),
+        "status": row.get("status"),
+        "severity": row.get("severity"),
+        "count": int(row["count"]),
+        "first_step": _int(row.get("first_step")),
+        "last_step": _int(row.get("last_step")),
+        "is_active": bool(row.get("is_active")),
+        "summary": details.get("summary") or None,
+        "top_hypothesis": dict(hypotheses[0]) if hypotheses else None,
+        "verdict_note": row.get("verdict_note") or None,
+        "reopened": details.get("reopened") or None,
+    }
+
+
+def _int(value: Any) -> int | None:
+    if value is None or value != value:  # NaN from a nullable integer column
+        return None
+    return int(value)

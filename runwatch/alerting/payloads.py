@@ -12,8 +12,20 @@ fields are only ever added within v1, never renamed or removed::
       "counts": {"firing": 512, "resolved": 0, "total": 512, "shown": 50},
       "truncated_alerts": 462,               # alerts left out of "alerts" (max_alerts)
       "links": {"dashboard": "http://…/runs?run=gpt-small" | null},
+      "sequence": 1,                         # 1: the group's first message; 2, 3 …: updates
+      "incident": {                          # the incident, when the message is about one
+        "id": 4, "run": …, "title": "50 non-finite loss values, steps 100–198 …",
+        "status": "open" | "real" | "watch" | "benign", "severity": "critical",
+        "count": 50,                         # members in all (anomalies and failure events)
+        "first_step": 100, "last_step": 198, "is_active": true,
+        "summary": "9 of 9 crashes in steps reading shard s17 …" | null,  # top hypothesis
+        "top_hypothesis": {"cause": "shard=s17", "score": 31.2, "evidence": "…"} | null,
+        "verdict_note": … | null, "reopened": … | null
+      } | null,
+      "incidents": [{…as "incident"…}],      # every incident the alerts belong to
       "alerts": [{
         "id": 17,                            # the anomaly's row id in the store
+        "incident_id": 4 | null,
         "status": "firing" | "resolved", "fingerprint": "…16 hex…",
         "run": …, "project": …, "detector": …, "metric": …, "severity": "critical",
         "labels": {"alertname": …, "run": …, "rank": "3", …},
@@ -27,12 +39,19 @@ fields are only ever added within v1, never renamed or removed::
       }]
     }
 
-Slack gets Block Kit (a header, the summary, up to ten alerts as short lines, a dashboard
-button), short enough to read on a phone. ``alertmanager_webhook`` is Alertmanager's own
-webhook payload, version 4, so receivers written for Alertmanager work unchanged;
-``alertmanager`` is the list of postable alerts for Alertmanager's ``/api/v2/alerts``;
-Alertmanager resolves an alert it has not heard of for ``resolve_timeout`` (default 5m), so
-give routes to such a channel a ``repeat_interval`` below that.
+With the default ``group_by: [run, incident]`` a message is about one incident: ``summary``
+leads with its title, ``group_key`` is stable for it (a receiver can update one ticket per
+group key) and ``sequence`` says whether it is new.
+
+Slack gets Block Kit (a header, the summary, the incident with its likely cause, up to ten
+alerts as short lines, a dashboard button), short enough to read on a phone.
+``alertmanager_webhook`` is Alertmanager's own webhook payload, version 4, so receivers
+written for Alertmanager work unchanged; ``alertmanager`` is the list of postable alerts for
+Alertmanager's ``/api/v2/alerts``; Alertmanager resolves an alert it has not heard of for
+``resolve_timeout`` (default 5m), so give routes to such a channel a ``repeat_interval``
+below that. Alertmanager bodies carry the incident as the ``incident`` label and as
+annotations (``incident_title``, ``incident_count``, ``incident_status``,
+``incident_summary``).
 """
 
 from __future__ import annotations
@@ -79,8 +98,24 @@ def ranges(values: list[str]) -> str:
     return ", ".join(text + words)
 
 
+def the_incident(note: Notification) -> dict[str, Any] | None:
+    """The incident a message is about, when it is about exactly one."""
+    return note.incidents[0] if len(note.incidents) == 1 else None
+
+
 def group_summary(note: Notification) -> str:
-    """One line for a whole message, with the numbers that matter."""
+    """One line for a whole message, with the numbers that matter (the incident first)."""
+    text = _alerts_summary(note)
+    incident = the_incident(note)
+    if incident is None:
+        return text
+    head, _, rest = text.partition("] ")
+    run = f"{incident['run']}: " if incident.get("run") else ""
+    rest = rest[len(run) :] if run and rest.startswith(run) else rest
+    return f"{head}] {run}incident {incident['id']} ({incident['title']}): {rest}"
+
+
+def _alerts_summary(note: Notification) -> str:
     alerts = note.alerts
     worst = max(alerts, key=lambda a: severity_rank(a.severity))
     if len(alerts) == 1:
@@ -145,6 +180,9 @@ def webhook(
         },
         "truncated_alerts": len(note.alerts) - len(shown),
         "links": {"dashboard": _run_link(note, dashboard_url)},
+        "sequence": note.sequence,
+        "incident": the_incident(note),
+        "incidents": list(note.incidents),
         "alerts": [_webhook_alert(a, dashboard_url) for a in shown],
     }
 
@@ -152,6 +190,7 @@ def webhook(
 def _webhook_alert(a: Alert, dashboard_url: str | None) -> dict[str, Any]:
     return {
         "id": a.id,
+        "incident_id": a.incident,
         "status": a.status,
         "fingerprint": a.fingerprint,
         "run": a.run,
@@ -183,8 +222,13 @@ def slack(note: Notification, max_alerts: int, dashboard_url: str | None) -> dic
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": header[:150], "emoji": True}},
         {"type": "section", "text": {"type": "mrkdwn", "text": f"{icon} {summary}"[:3000]}},
-        {"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)[:3000]}},
     ]
+    incident = the_incident(note)
+    if incident is not None:
+        blocks.append(
+            {"type": "section", "text": {"type": "mrkdwn", "text": _slack_incident(incident)}}
+        )
+    blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)[:3000]}})
     link = _run_link(note, dashboard_url)
     if link:
         blocks.append(
@@ -202,11 +246,31 @@ def slack(note: Notification, max_alerts: int, dashboard_url: str | None) -> dic
     return {"text": summary, "blocks": blocks}
 
 
-def _am_alert(a: Alert, dashboard_url: str | None) -> dict[str, Any]:
+def _slack_incident(incident: dict[str, Any]) -> str:
+    """The incident in two short lines: what, how many, its status; the likely cause."""
+    text = (
+        f"*Incident {incident['id']}*: {incident['title']} "
+        f"({incident['count']} in all, {incident['status']})"
+    )
+    if incident.get("summary"):
+        text += f"\n_Likely cause:_ {incident['summary']}"
+    return text[:3000]
+
+
+def _am_alert(
+    a: Alert, dashboard_url: str | None, incidents: tuple[dict[str, Any], ...] = ()
+) -> dict[str, Any]:
     annotations = {"summary": a.summary(), "description": a.message}
     for k, v in a.numbers().items():
         if v is not None:
             annotations[k] = str(v)
+    incident = next((i for i in incidents if i["id"] == a.incident), None)
+    if incident is not None:
+        annotations["incident_title"] = str(incident["title"])
+        annotations["incident_count"] = str(incident["count"])
+        annotations["incident_status"] = str(incident["status"])
+        if incident.get("summary"):
+            annotations["incident_summary"] = str(incident["summary"])
     return {
         "status": a.status,
         "labels": {k: v for k, v in a.labels.items() if v != ""},
@@ -228,7 +292,7 @@ def _common(dicts: list[dict[str, str]]) -> dict[str, str]:
 def alertmanager_webhook(
     note: Notification, receiver: str, key: str, max_alerts: int, dashboard_url: str | None
 ) -> dict[str, Any]:
-    alerts = [_am_alert(a, dashboard_url) for a in note.alerts]
+    alerts = [_am_alert(a, dashboard_url, note.incidents) for a in note.alerts]
     shown = alerts[:max_alerts]
     return {
         "version": "4",
@@ -248,7 +312,7 @@ def alertmanager_alerts(note: Notification, dashboard_url: str | None) -> list[d
     """Postable alerts for ``POST /api/v2/alerts``: Alertmanager groups and routes them."""
     out = []
     for a in note.alerts:
-        body = _am_alert(a, dashboard_url)
+        body = _am_alert(a, dashboard_url, note.incidents)
         del body["status"], body["fingerprint"]
         if a.ends_at is None:
             del body["endsAt"]

@@ -4,7 +4,7 @@ The format (``alerts/runwatch-rules.yaml`` is a commented example, kept equal to
 ``default_rules.yaml``)::
 
     version: 1
-    defaults: {group_by: [run, detector, metric], group_wait: 10s, group_interval: 1m,
+    defaults: {group_by: [run, incident], group_wait: 10s, group_interval: 1m,
                repeat_interval: 4h, send_resolved: true}
     channels:
       oncall: {type: webhook, url_env: ONCALL_URL, secret_env: ONCALL_SECRET,
@@ -18,6 +18,14 @@ The format (``alerts/runwatch-rules.yaml`` is a commented example, kept equal to
         equal: [run]
     delivery: {initial_backoff: 1s, max_backoff: 1m, max_age: 24h}
     dashboard_url: http://localhost:8501
+
+``group_by`` is honoured as written, as Alertmanager does. Labels: alertname, run, project,
+detector, metric, severity, rank, host, gpu and ``incident`` (the id of the incident an
+episode belongs to). The default, ``[run, incident]``, makes one incident one group: its
+first message, then updates, then resolved; an alert not in any incident yet groups by
+its detector and metric in its place. A file that says ``group_by: [run, detector, metric]``
+keeps exactly that grouping (each message still names the incidents of its alerts); add
+``incident`` to get a message per incident.
 
 Everything is checked at load, and a mistake raises :class:`RulesError` naming the file, the
 line and the valid values: a typo found at 3 a.m. by a missing page is far worse than one
@@ -158,7 +166,7 @@ def _catch_all(defaults: dict[str, Any]) -> Route:
 
 def _defaults(doc: Doc, entry: tuple[yaml.Node, yaml.Node] | None) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "group_by": ("run", "detector", "metric"),
+        "group_by": ("run", "incident"),
         "group_wait": 10.0,
         "group_interval": 60.0,
         "repeat_interval": 4 * 3600.0,

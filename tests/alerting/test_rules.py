@@ -80,13 +80,13 @@ EXPECTED = {
     "bad_detector": "r.yaml:5: routes[0]: match: unknown detector 'spikes'; valid values: "
     + ", ".join(known_detectors())
     + " (or a glob like 'spike*')",
-    "bad_match_key": "r.yaml:5: routes[0]: match: unknown key 'sev'; valid keys: min_severity, run, project, detector, metric, severity, rank, host, gpu",  # noqa: E501
+    "bad_match_key": "r.yaml:5: routes[0]: match: unknown key 'sev'; valid keys: min_severity, run, project, detector, metric, severity, rank, host, gpu, incident",  # noqa: E501
     "bad_duration": "r.yaml:6: defaults: group_wait: '10 minutes' is not a duration; use e.g. 0, 500ms, 30s, 5m, 4h, 1d",  # noqa: E501
     "zero_interval": "r.yaml:6: defaults: group_interval must be above 0",
-    "bad_group_by": "r.yaml:6: defaults: group_by: unknown label 'node'; valid values: alertname, run, project, detector, metric, severity, rank, host, gpu, ...",  # noqa: E501
+    "bad_group_by": "r.yaml:6: defaults: group_by: unknown label 'node'; valid values: alertname, run, project, detector, metric, severity, rank, host, gpu, incident, ...",  # noqa: E501
     "bad_rate": "r.yaml:3: channel 'ops': rate_limit: count must be a positive integer, got 0",
     "unused_channel": "r.yaml:4: channel 'spare' is not used by any route",
-    "bad_inhibit_equal": "r.yaml:9: inhibit: equal: unknown label 'runn'; valid values: alertname, run, project, detector, metric, severity, rank, host, gpu",  # noqa: E501
+    "bad_inhibit_equal": "r.yaml:9: inhibit: equal: unknown label 'runn'; valid values: alertname, run, project, detector, metric, severity, rank, host, gpu, incident",  # noqa: E501
     "dup_key": "r.yaml:6: rules file: key 'version' appears twice",
     "bad_bool": "r.yaml:6: routes[0]: continue must be true or false, got 'yes please'",
     "bad_backoff": "r.yaml:6: delivery: max_backoff must be at least initial_backoff",
@@ -136,7 +136,7 @@ def test_defaults_need_a_webhook_and_take_it_from_the_environment() -> None:
         0,
         30,
     )
-    assert (route.min_severity, route.group_by) == ("warning", ("run", "detector", "metric"))
+    assert (route.min_severity, route.group_by) == ("warning", ("run", "incident"))
     assert (route.group_wait, route.group_interval, route.repeat_interval) == (10, 60, 4 * 3600)
     assert rules.inhibit[0].equal == ("run",)
 
