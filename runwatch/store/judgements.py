@@ -69,11 +69,13 @@ class JudgementTables:
         now = time.time()
         with self.transaction() as conn:  # type: ignore[attr-defined]
             if replace:
-                conn.execute(
-                    "DELETE FROM verdicts WHERE anomaly_id IN (SELECT id FROM anomalies "
-                    "WHERE run_id = ? AND source = ?)",
-                    (run_id, source),
-                )
+                # Incidents hold members by row id: the next forming re-finds them by key.
+                for table in ("verdicts", "incident_members"):
+                    conn.execute(
+                        f"DELETE FROM {table} WHERE anomaly_id IN (SELECT id FROM anomalies "
+                        "WHERE run_id = ? AND source = ?)",
+                        (run_id, source),
+                    )
                 conn.execute(
                     "DELETE FROM anomalies WHERE run_id = ? AND source = ?", (run_id, source)
                 )

@@ -100,3 +100,20 @@ def test_live_incidents_are_preferred_and_statuses_checked(store):
         store.incidents("r", status="closed")
     with pytest.raises(KeyError, match="no incident with id 999"):
         store.add_verdict("benign", incident_id=999)
+
+
+def test_a_verdict_survives_a_re_analysis(store):
+    run_id, _ = store.start_run("r")
+    (iid,) = store.save_incidents(run_id, "replay", [_incident("k", _anomalies(store, run_id, 3))])
+    store.add_verdict("benign", incident_id=iid, note="warm-up noise")
+    # analyze again: the replay anomalies are replaced (new row ids), the incident re-formed
+    ids: dict[int, int] = {}
+    again = [
+        Anomaly("spike", "loss", 10 * i, 10 * i, "info", 1.0, 2.0, "s", is_open=False)
+        for i in range(3)
+    ]
+    store.save_anomalies(run_id, "replay", again, ids, replace=True)
+    store.save_incidents(run_id, "replay", [_incident("k", [ids[id(a)] for a in again])])
+    row = store.incidents("r").iloc[0]
+    assert (row["id"], row["status"], row["verdict_note"]) == (iid, "benign", "warm-up noise")
+    assert sorted(store.incident_members(iid)["member_id"]) == sorted(ids.values())
