@@ -30,10 +30,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from runwatch.collectors.longformat import ContextRow, EventRow, LongFormatReader, Record
+from runwatch.collectors.longformat import (
+    ContextRow,
+    EventRow,
+    LongFormatError,
+    LongFormatReader,
+    Record,
+)
 from runwatch.model import LABEL_KEYS, Event, label_value
 from runwatch.store import Store, StoreError
-from runwatch.store.context import StepContext
+from runwatch.store.context import MAX_CONTEXT_KEYS, StepContext
 
 log = logging.getLogger("runwatch.collectors.importer")
 
@@ -253,6 +259,14 @@ class _Importer:
                 context.pop(key, None)
             else:
                 context[key] = value
+        if len(context) > MAX_CONTEXT_KEYS:
+            raise LongFormatError(
+                self.path,
+                row.line,
+                f"the step context of run {run.name!r} would hold {len(context)} keys, more "
+                f"than the {MAX_CONTEXT_KEYS} it may",
+                "context",
+            )
         kept = run.kept.get(row.rank)
         if kept is not None and kept == (attempt, context):
             return

@@ -38,7 +38,12 @@ from runwatch.hook.drops import DropCounter
 from runwatch.hook.values import RefusedValue, name_problem, to_float
 from runwatch.model import Event, SeriesBatch, SeriesPoints
 from runwatch.store import labels_key
-from runwatch.store.context import MAX_CONTEXT_TEXT, StepContext, context_problem
+from runwatch.store.context import (
+    MAX_CONTEXT_KEYS,
+    MAX_CONTEXT_TEXT,
+    StepContext,
+    context_problem,
+)
 from runwatch.worker import Worker
 
 log = logging.getLogger("runwatch.hook")
@@ -256,6 +261,9 @@ class Writer:
                 pending[key] = value  # the common case: a known key, a short str
                 continue
             problem = context_problem(key, value)
+            full = len(self._context_keys) >= MAX_CONTEXT_KEYS
+            if problem is None and full and key not in self._context_keys:
+                problem = f"the context already had {MAX_CONTEXT_KEYS} keys, the most it may"
             if problem is not None:
                 self._drops.add("bad_context")
                 self._drops.warn_once(

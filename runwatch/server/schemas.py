@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from runwatch.model import EVENT_KINDS, RUN_STATUSES
+from runwatch.store.context import MAX_CONTEXT_KEYS, MAX_CONTEXT_TEXT
 
 INT64_MAX = 2**63 - 1
 
@@ -123,7 +124,7 @@ class EventIn(_Model):
     attrs: dict[str, Any] = Field(default_factory=dict)
 
 
-ContextText = Annotated[StrictStr, Field(max_length=1000)]
+ContextText = Annotated[StrictStr, Field(max_length=MAX_CONTEXT_TEXT)]
 ContextValue = Annotated[
     StrictBool | StrictInt | Annotated[StrictFloat, Field(allow_inf_nan=False)] | ContextText,
     Field(union_mode="left_to_right"),
@@ -137,7 +138,7 @@ class ContextIn(_Model):
     step: _int(0, INT64_MAX)
     rank: Rank = None
     time: Number | None = None
-    context: dict[Name, ContextValue] = Field(max_length=1000)
+    context: dict[Name, ContextValue] = Field(max_length=MAX_CONTEXT_KEYS)
 
 
 class Batch(_Model):

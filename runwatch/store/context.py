@@ -35,6 +35,8 @@ ContextValue = str | int | float | bool
 MAX_CONTEXT_KEY = 200
 MAX_CONTEXT_TEXT = 1000
 """The longest key and str value a step context may hold (a shard name, a path, a commit)."""
+MAX_CONTEXT_KEYS = 100
+"""The most keys a step context may hold (a server refuses a batch with more)."""
 # One encoder: json.dumps with any option builds a new one per call, 5x the cost of encoding.
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")

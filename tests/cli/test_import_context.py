@@ -138,6 +138,11 @@ def test_append_adds_an_attempt_and_a_restart_inside_adds_another(tmp_path, db_p
             "event",
             "not several",
         ),
+        (
+            {"run": "r", "step": 3, "context": {f"k{i}": i for i in range(101)}},
+            "context",
+            "more than the 100",
+        ),
     ],
 )
 def test_a_bad_event_or_context_line_is_exit_2_naming_it_and_writes_nothing(

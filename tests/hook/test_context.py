@@ -147,3 +147,13 @@ def test_a_retried_batch_stores_its_context_once(server: ServerProcess):  # noqa
         frame = store.contexts("retry")
     assert frame["context"].tolist() == [{"shard": "s9"}]
     assert frame["rank"].tolist() == [1]
+
+
+def test_a_context_holds_at_most_100_keys(tmp_path):
+    db = tmp_path / "ctx.db"
+    with runwatch.init("r", store=db, monitor=False) as run:
+        run.log({"loss": 1.0}, step=0, context={f"k{i}": i for i in range(101)})
+        run.flush()
+        assert run.stats()["dropped"] == {"bad_context": 1}
+    (row,) = _rows(db)
+    assert len(row[2]) == 100 and "k100" not in row[2]
