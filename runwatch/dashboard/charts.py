@@ -431,7 +431,7 @@ def _add_anomalies(
     anomalies: pd.DataFrame,
     pins: dict[int, float | None],
 ) -> None:
-    shown: set[str] = set()
+    shown: set[tuple[str, str]] = set()
     for rec in anomalies.itertuples(index=False):
         row = rows.get(rec.metric)
         if row is None:
@@ -444,15 +444,19 @@ def _add_anomalies(
         if not np.isfinite(y):
             pin = pins.get(row)
             y = _finite_top(frames[rec.metric]) if pin is None else pin
+        # A member of an incident is drawn as the incident (its severity and status);
+        # customdata carries the anomaly id and, when there is one, the incident id.
+        incident = getattr(rec, "incident", None)
+        noun = "anomaly" if incident is None or pd.isna(incident) else "incident"
         spec.trace(
             row,
             x=[rec.x0],
             y=[y],
             mode="markers",
-            customdata=[[int(rec.id)]],
-            name=f"{rec.severity} anomaly",
-            legendgroup=f"anomaly-{rec.severity}",
-            showlegend=rec.severity not in shown,
+            customdata=[[int(rec.id)] if noun == "anomaly" else [int(rec.id), int(incident)]],
+            name=f"{rec.severity} {noun}",
+            legendgroup=f"{noun}-{rec.severity}",
+            showlegend=(rec.severity, noun) not in shown,
             marker={
                 "color": color,
                 "size": 13,
@@ -466,7 +470,7 @@ def _add_anomalies(
             hovertext=[f"#{int(rec.id)} {rec.message}"],
             hovertemplate="%{hovertext}<extra>" + rec.severity + "</extra>",
         )
-        shown.add(rec.severity)
+        shown.add((rec.severity, noun))
 
 
 def _grid(titles: Sequence[str], spacing: float = 0.035) -> dict[str, Any]:
@@ -535,7 +539,7 @@ def run_figure(
     expected curve, its band and the forecast.
 
     ``anomalies`` has id, metric, x0, x1, y (observed), severity, message, state; each is a
-    clickable marker (``customdata`` = anomaly id) and an episode is a shaded span.
+    clickable marker (``customdata`` = anomaly id[, incident id]) and an episode is a shaded span.
     ``restarts`` are (x, label) drawn as vertical lines across every row. The panels
     of the ``focus`` metrics open on the part of the run after its initial fall
     (``focus_range``); their data is still drawn in full.
@@ -686,7 +690,8 @@ def drawn_anomalies(anomalies: pd.DataFrame, show_info: bool = False) -> pd.Data
 
 
 def anomaly_marks(anomalies: pd.DataFrame, to_x: Any) -> pd.DataFrame:
-    """Anomalies as chart marks: id, metric, x0, x1, y, severity, message, state.
+    """Anomalies as chart marks: id, metric, x0, x1, y, severity, message, state, and the
+    incident id when the frame has one (``inbox.incident_anomalies``).
 
     ``to_x`` maps an array of steps to the chart's x values (step, time or tokens).
     """
@@ -694,8 +699,10 @@ def anomaly_marks(anomalies: pd.DataFrame, to_x: Any) -> pd.DataFrame:
         return pd.DataFrame(
             columns=["id", "metric", "x0", "x1", "y", "severity", "message", "state"]
         )
+    incident = {"incident": anomalies["incident"].to_numpy()} if "incident" in anomalies else {}
     return pd.DataFrame(
         {
+            **incident,
             "id": anomalies["id"].to_numpy(),
             "metric": anomalies["metric"].to_numpy(),
             "x0": list(to_x(anomalies["start_step"].to_numpy())),

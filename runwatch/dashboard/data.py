@@ -245,6 +245,55 @@ def save_verdict(db: str, anomaly_id: int, verdict: str, note: str, author: str 
     return vid
 
 
+@st.cache_data(ttl=LIVE_TTL, show_spinner=False)
+def incidents(db: str, run: str | None = None) -> pd.DataFrame:
+    """Incidents (per run the live ones, else the replayed ones), one row each, with their
+    status and latest verdict (``Store.incidents``)."""
+    return reader(db).incidents(run)
+
+
+@st.cache_data(ttl=LIVE_TTL, show_spinner=False, max_entries=512)
+def incident_members(db: str, incident_id: int) -> pd.DataFrame:
+    """An incident's anomalies and events, in step order (``Store.incident_members``)."""
+    return reader(db).incident_members(incident_id)
+
+
+@st.cache_data(ttl=LIVE_TTL, show_spinner=False)
+def incident_membership(db: str, run: str) -> pd.DataFrame:
+    """anomaly_id -> incident_id for the run's incidents: which incident each drawn
+    anomaly belongs to (one read per incident; a run has a handful, not hundreds)."""
+    store = reader(db)
+    pairs = [
+        (int(mid), int(iid))
+        for iid in store.incidents(run)["id"]
+        for kind, mid in store.incident_members(int(iid))[["kind", "member_id"]].itertuples(
+            index=False
+        )
+        if kind == "anomaly"
+    ]
+    return pd.DataFrame(pairs, columns=["anomaly_id", "incident_id"])
+
+
+@st.cache_data(ttl=LIVE_TTL, show_spinner=False)
+def incident_verdicts(db: str, incident_id: int) -> pd.DataFrame:
+    """Every verdict given to an incident, oldest first."""
+    every = reader(db).verdicts()
+    return every[every["incident_id"] == incident_id].reset_index(drop=True)
+
+
+def save_incident_verdict(
+    db: str, incident_id: int, verdict: str, note: str, author: str | None
+) -> int:
+    """Store a verdict on an incident (it becomes the incident's status), through a store
+    opened read-write for this one write; then drop the cached reads that show it."""
+    with open_store(db) as store:
+        vid = store.add_verdict(verdict, incident_id=incident_id, note=note, author=author)
+    log.info("verdict %s on incident %d by %s", verdict, incident_id, author)
+    for cached in (incidents, incident_members, incident_membership, incident_verdicts):
+        cached.clear()
+    return vid
+
+
 @st.cache_data(ttl=FLEET_TTL, show_spinner=False)
 def per_rank_metrics(db: str, run: str) -> list[str]:
     """Metrics logged by more than one rank: the ones a heatmap can compare."""

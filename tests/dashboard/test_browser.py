@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from runwatch.dashboard import shaping
+from runwatch.dashboard import inbox
 from runwatch.dashboard.server import dashboard_command, free_port, url_of, wait_ready
 from runwatch.dashboard.streamlit_internals import COMPILE_HINT
 from runwatch.store import open_store
@@ -67,7 +67,7 @@ def test_pages_in_a_real_browser_and_a_benign_verdict_is_stored(server) -> None:
             chart.wait_for(state="visible", timeout=30_000)
             drawn = time.monotonic() - started
             expect(chart.get_by_text("loss", exact=True).first).to_be_visible()
-            expect(chart.get_by_text("critical anomaly")).to_be_visible()
+            expect(chart.get_by_text("critical incident")).to_be_visible(timeout=30_000)
             expect(chart.get_by_text("restart #2 (resume)")).to_be_visible()
             # A first look (issue 17): the run's title is the top of the page, with no stray
             # text above it; the last step's age has no arrow; info-level markers are off;
@@ -84,8 +84,8 @@ def test_pages_in_a_real_browser_and_a_benign_verdict_is_stored(server) -> None:
             expect(card.get_by_test_id("stMetricDelta")).to_have_text(re.compile(r"^\d.* ago$"))
             assert card.locator("svg").count() == 0  # no arrow
             assert "- ago" not in main.inner_text()
-            expect(chart.get_by_text("warning anomaly")).to_be_visible()
-            expect(chart.get_by_text("info anomaly")).to_have_count(0)
+            expect(chart.get_by_text("warning incident")).to_be_visible()
+            expect(chart.get_by_text("info incident")).to_have_count(0)
             y_range = chart.evaluate("gd => gd._fullLayout.yaxis.range")
             with open_store(db, readonly=True) as store:
                 loss = store.read_series("demo-400", "loss")["value"]
@@ -100,8 +100,11 @@ def test_pages_in_a_real_browser_and_a_benign_verdict_is_stored(server) -> None:
             chunk = response.headers["link"].split(">", 1)[0].lstrip("<")
             served = page.request.get(f"{url}/{chunk.removeprefix('./')}")
             assert served.ok and served.body().startswith(COMPILE_HINT)
-            # The anomaly list under the chart is a Markdown table with severity badges.
-            expect(page.get_by_role("table").get_by_text("nonfinite").first).to_be_visible()
+            # The incident list under the chart is a Markdown table with severity badges;
+            # the anomalies, one by one, are folded away under it.
+            table = page.get_by_role("table").first
+            expect(table.get_by_text("loss non-finite episode", exact=False)).to_be_visible()
+            expect(page.get_by_text(re.compile(r"^Anomalies, one by one \(\d+\)$"))).to_be_visible()
             page.wait_for_timeout(1500)
             page.screenshot(path=str(ARTIFACTS / "run.png"), full_page=True)
             chart.locator(".nsewdrag").first.dblclick()  # plotly: autorange, all the data
@@ -111,22 +114,29 @@ def test_pages_in_a_real_browser_and_a_benign_verdict_is_stored(server) -> None:
             )
 
             page.goto(f"{url}/anomalies")
-            expect(page.get_by_text("CRITICAL · nonfinite")).to_be_visible(timeout=30_000)
-            page.locator(".js-plotly-plot").first.wait_for(state="visible")
+            with open_store(db, readonly=True) as store:
+                ordered = inbox.inbox_order(store.incidents())
+            top = int(ordered["id"].iloc[0])
+            card = page.locator(f".st-key-incident-{top}")
+            expect(card).to_be_visible(timeout=30_000)
+            card.locator(".js-plotly-plot").first.wait_for(state="visible")
             page.wait_for_timeout(1000)
             page.screenshot(path=str(ARTIFACTS / "anomalies.png"), full_page=True)
-            with open_store(db, readonly=True) as store:
-                unjudged = int(shaping.pick_source(store.anomalies())["verdict"].isna().sum())
-            expect(page.get_by_text(f"Inbox · {unjudged} to judge")).to_be_visible()
-            page.get_by_placeholder("why: e.g. bad batch").fill("known bad shard")
-            page.get_by_placeholder("why: e.g. bad batch").press("Enter")
-            page.get_by_role("button", name="Benign").click()
-            expect(page.get_by_text(f"Inbox · {unjudged - 1} to judge")).to_be_visible(
+            opened = len(ordered)
+            expect(page.get_by_text(f"Inbox · {opened} open incidents")).to_be_visible()
+            card.get_by_placeholder("why: e.g. known bad shard").fill("known bad shard")
+            card.get_by_placeholder("why: e.g. known bad shard").press("Enter")
+            card.get_by_role("button", name="Benign", exact=True).click()
+            expect(page.get_by_text(f"Inbox · {opened - 1} open incidents")).to_be_visible(
                 timeout=20_000
             )
             with open_store(db, readonly=True) as store:
                 verdicts = store.verdicts()
-            assert verdicts[["verdict", "note"]].values.tolist() == [["benign", "known bad shard"]]
+                status = store.incidents().set_index("id").loc[top, "status"]
+            assert verdicts[["incident_id", "verdict", "note"]].values.tolist() == [
+                [top, "benign", "known bad shard"]
+            ]
+            assert status == "benign"
             page.screenshot(path=str(ARTIFACTS / "anomalies-after-verdict.png"), full_page=True)
 
             for path, name in (("", "runs"), ("compare", "compare")):

@@ -56,14 +56,14 @@ def test_run_page_draws_loss_with_expectation_anomalies_and_restart(demo_db, mon
     _no_traceback(at)
     (fig,) = _figures(at)
     names = {t.get("name") for t in fig["data"]}
-    assert {"loss", "expected", "expected band (90%)", "critical anomaly"} <= names
+    assert {"loss", "expected", "expected band (90%)", "critical incident"} <= names
     assert "redone steps (lost work)" in names
     assert max(len(_arr(t.get("x", []))) for t in fig["data"]) <= 4000
     assert any("restart #2" in a.get("text", "") for a in fig["layout"]["annotations"])
     labels = [m.label for m in at.metric]
-    assert "ETA" in labels and "Open anomalies" in labels
+    assert "ETA" in labels and "Open incidents" in labels
     # The anomaly list under the chart: the NaN, as a red badge, on the loss.
-    listed = next(m.value for m in at.markdown if m.value.startswith("| # | severity"))
+    listed = next(m.value for m in at.markdown if m.value.startswith("| # | severity | detector"))
     assert any(
         ":red-badge[critical]" in row and "nonfinite" in row and "loss" in row
         for row in listed.splitlines()
@@ -96,12 +96,12 @@ def test_run_page_first_look_title_first_age_without_arrow_focused_loss_no_info_
     later = values[(steps >= 100) & np.isfinite(values)]
     assert low < later.min() and later.max() < high  # the rest of the run is all in view
     names = {t.get("name") for t in fig["data"]}
-    assert "info anomaly" not in names and {"critical anomaly", "warning anomaly"} <= names
-    assert any("3 info-level anomalies not drawn" in c.value for c in at.caption)
+    assert "info incident" not in names and {"critical incident", "warning incident"} <= names
+    assert any("1 info-level incident not drawn" in c.value for c in at.caption)
     at.toggle(key="show_info").set_value(True).run()
     _no_traceback(at)
     (fig,) = _figures(at)
-    assert "info anomaly" in {t.get("name") for t in fig["data"]}
+    assert "info incident" in {t.get("name") for t in fig["data"]}
 
 
 def test_last_step_card_of_a_run_without_times_shows_no_age(tmp_path, monkeypatch) -> None:
@@ -183,12 +183,13 @@ def test_anomaly_inbox_context_and_benign_verdict_is_stored(fresh_demo_db, monke
     with open_store(fresh_demo_db, readonly=True) as store:
         unjudged = shaping.pick_source(store.anomalies())["verdict"].isna().sum()
     assert unjudged > 0
-    assert at.subheader[0].value.startswith(f"Inbox · {unjudged} to judge")
+    own = f"{unjudged} with no verdict of their own"
+    assert any(own in c.value for c in at.caption)
     first = at.selectbox[0].value  # the worst unjudged one opens first
     with open_store(fresh_demo_db, readonly=True) as store:
         row = store.anomalies().set_index("id").loc[first]
     assert row["severity"] == "critical"
-    (fig,) = _figures(at)
+    fig = _figures(at)[-1]  # the incidents' small charts come first
     assert {"loss", "grad_norm", "lr"} <= {a["text"] for a in fig["layout"]["annotations"]}
     at.text_input(key=f"note-{first}").set_value("bad shard 17")
     at.button(key=f"benign-{first}").click().run()
@@ -196,14 +197,16 @@ def test_anomaly_inbox_context_and_benign_verdict_is_stored(fresh_demo_db, monke
     with open_store(fresh_demo_db, readonly=True) as store:
         verdicts = store.verdicts(int(first))
     assert verdicts[["verdict", "note"]].values.tolist() == [["benign", "bad shard 17"]]
-    assert at.subheader[0].value.startswith(f"Inbox · {unjudged - 1} to judge")  # it receded
+    own = f"{unjudged - 1} with no verdict of their own"
+    assert any(own in c.value for c in at.caption)  # it receded
 
 
 def test_anomaly_filters_narrow_the_inbox(demo_db, monkeypatch) -> None:
     at = _page("views/anomalies.py", demo_db, monkeypatch).run()
     at.multiselect(key="f_sev").set_value(["warning"]).run()
     _no_traceback(at)
-    assert at.subheader[0].value.startswith("Inbox · 2 to judge")
+    assert at.subheader[0].value == "Inbox · 1 open incident"
+    assert any("2 with no verdict of their own" in c.value for c in at.caption)
     assert set(at.dataframe[0].value["severity"]) == {"warning"}
 
 

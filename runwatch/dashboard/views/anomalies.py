@@ -1,7 +1,8 @@
-"""Anomalies: the triage inbox. Everything nobody has judged yet comes first; one anomaly
-opens with every signal of its run aligned around it, the observed value against the
-expected one, and the verdict buttons. A verdict is stored for everyone and the anomaly
-recedes to the acknowledged list."""
+"""Anomalies: the incident inbox. Open incidents come first, the worst and latest on top;
+each shows its title, its candidate causes with their evidence, a small chart of its members
+on the metric they hit, its members, and benign / real / watch buttons. A verdict is stored
+for everyone: a benign incident folds its later members in quietly, a real one keeps
+alerting. Every anomaly stays listed, one by one, under the inbox."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import math
 import pandas as pd
 import streamlit as st
 
-from runwatch.dashboard import data, shaping, ui
+from runwatch.dashboard import data, inbox, shaping, ui
 from runwatch.dashboard.charts import anomaly_marks, run_figure
+from runwatch.dashboard.charts_incident import incident_figure
 from runwatch.model import SEVERITIES, severity_rank
 
 STATES = ("needs verdict", "watch", "real", "benign")
@@ -28,28 +30,156 @@ COLUMNS = [
 ]
 # Steps of context on each side of an episode, at least: enough to see what came before.
 CONTEXT_MIN = 60
+# Incident cards drawn at first, per list (open, judged); "show more" adds as many again.
+CARDS = 8
+# Members listed per incident (the count says how many there are in all).
+MEMBERS_SHOWN = 20
+# Points of the small chart's curve: a thumbnail, not the Run page.
+SMALL_POINTS = 800
 
 db = ui.store_path()
 st.title("Anomalies")
 ui.open_or_stop(db)
 with ui.guarded(db):
     everything = data.anomalies(db)
-if everything.empty:
+    incidents = data.incidents(db)
+    statuses = data.runs(db).set_index("name")["status"]
+if everything.empty and incidents.empty:
     st.success("No anomalies in this store. Nothing to triage.", icon="✅")
     st.stop()
 
 with st.container(horizontal=True):
-    runs = st.multiselect(
-        "Run", sorted(everything["run"].unique()), key="f_run", placeholder="all runs"
+    names = (
+        set(everything["run"]) | set(incidents["run"]) if len(incidents) else set(everything["run"])
     )
+    runs = st.multiselect("Run", sorted(names), key="f_run", placeholder="all runs")
     severities = st.multiselect("Severity", SEVERITIES, key="f_sev", placeholder="all")
-    detectors = st.multiselect(
-        "Detector", sorted(everything["detector"].unique()), key="f_det", placeholder="all"
+    judged = st.pills(
+        "Judged incidents shown",
+        inbox.JUDGED,
+        selection_mode="multi",
+        default=list(inbox.JUDGED),
+        key="f_judged",
     )
-    states = st.multiselect("State", STATES, key="f_state", placeholder="all")
+# Only a store with a run being written has anything new to show on a tick.
+live_every = ui.run_every() if (statuses == "running").any() else None
 
 
-def _filtered(frame: pd.DataFrame) -> pd.DataFrame:
+def verdict_form(inc: pd.Series) -> None:
+    """The note and the three verdict buttons of one incident."""
+    iid = int(inc["id"])
+    note = st.text_input(
+        "Note",
+        key=f"inote-{iid}",
+        placeholder="why: e.g. known bad shard; for real, the root cause",
+    )
+    cols = st.columns(3)
+    for col, verdict in zip(cols, inbox.JUDGED, strict=True):
+        current = inc["status"] == verdict
+        if col.button(
+            verdict.capitalize(),
+            key=f"{verdict}-i{iid}",
+            type="primary" if current else "secondary",
+            width="stretch",
+            help=f"Mark incident #{iid} {verdict}",
+        ):
+            data.save_incident_verdict(db, iid, verdict, note, ui.author())
+            st.toast(f"incident #{iid} marked {verdict}", icon="✅")
+            st.rerun()
+
+
+def card(inc: pd.Series, *, chart: bool) -> None:
+    """One incident: what it is, why it may be, its members, and the verdict form."""
+    iid = int(inc["id"])
+    with ui.guarded(db):
+        members = data.incident_members(db, iid)
+    with st.container(border=True, key=f"incident-{iid}"):
+        st.markdown(inbox.headline(inc))
+        st.caption(inbox.facts(inc))
+        left, right = st.columns([1.15, 1]) if chart else (st.container(), None)
+        with left:
+            for line in inbox.hypothesis_lines(inc):
+                (st.caption if line == inbox.NO_HYPOTHESES else st.markdown)(line)
+            details = inc["details"] or {}
+            if inc["status"] == "open" and details.get("reopened"):
+                st.warning(f"Open again: {details['reopened']}.", icon="↩️")
+            if inc["status"] != "open":
+                who = inc["verdict_author"] or "someone"
+                st.caption(f"{inc['status']} by {who}: {inc['verdict_note'] or '(no note)'}")
+            verdict_form(inc)
+        if right is not None:
+            with right:
+                small_chart(inc, members)
+        shown = min(MEMBERS_SHOWN, len(members))
+        with st.expander(f"Members · the first {shown} of {int(inc['count']):,}"):
+            if members.empty:
+                st.caption("No members stored (yet).")
+            else:
+                st.markdown(
+                    shaping.markdown_table(
+                        inbox.member_rows(members, MEMBERS_SHOWN), raw=("severity",)
+                    )
+                )
+
+
+def small_chart(inc: pd.Series, members: pd.DataFrame) -> None:
+    run = inc["run"]
+    with ui.guarded(db):
+        loss = shaping.metrics_by_role(data.metrics(db, run)).get("loss")
+        metric = inbox.main_metric(members, loss)
+        window = inbox.chart_window(inc["first_step"], inc["last_step"])
+        if metric is None or window is None:
+            st.caption("Nothing to draw: no metric or no step.")
+            return
+        series = data.series_view(db, run, metric, window[0], window[1], 0.0, SMALL_POINTS)
+    fig = incident_figure(series, inbox.member_marks(members, metric), metric)
+    st.plotly_chart(
+        fig,
+        key=f"incident-chart-{int(inc['id'])}",
+        width="stretch",
+        config={"displayModeBar": False},
+    )
+
+
+def listing(frame: pd.DataFrame, *, kind: str, chart: bool) -> None:
+    """Cards for the first ``CARDS`` (more on request) of an ordered list of incidents."""
+    key = f"cards-{kind}"
+    limit = st.session_state.get(key, CARDS)
+    for _, inc in frame.head(limit).iterrows():
+        card(inc, chart=chart)
+    if len(frame) > limit:
+        more = min(CARDS, len(frame) - limit)
+        if st.button(f"Show {more} more of {len(frame) - limit:,}", key=f"more-{kind}"):
+            st.session_state[key] = limit + CARDS
+            st.rerun()
+
+
+@st.fragment(run_every=live_every)
+def incident_inbox() -> None:
+    with ui.guarded(db):
+        current = data.incidents(db)
+    shown = inbox.inbox_order(
+        inbox.filter_incidents(current, runs, severities, judged or ()),
+        first=st.session_state.get("incident_id"),
+    )
+    todo = shown[shown["status"] == "open"] if len(shown) else shown
+    done = shown[shown["status"] != "open"] if len(shown) else shown
+    st.subheader(f"Inbox · {len(todo)} open incident{'s' if len(todo) != 1 else ''}")
+    if current.empty:
+        st.caption(
+            "No incidents formed yet: live detection forms them as it runs, and "
+            "`runwatch analyze` on a stored run. The anomalies are listed below."
+        )
+    elif todo.empty:
+        st.caption("Nothing waiting for a verdict with these filters.")
+    listing(todo, kind="open", chart=True)
+    if len(done):
+        st.subheader(f"Judged · {len(done)}")
+        listing(done, kind="judged", chart=False)
+    ui.updated_caption()
+
+
+def _filtered(frame: pd.DataFrame, detectors: list[str], states: list[str]) -> pd.DataFrame:
     for column, chosen in (
         ("run", runs),
         ("severity", severities),
@@ -58,7 +188,7 @@ def _filtered(frame: pd.DataFrame) -> pd.DataFrame:
     ):
         if chosen:
             frame = frame[frame[column].isin(chosen)]
-    # Inbox order: unjudged first, worst first, newest first.
+    # Unjudged first, worst first, newest first.
     key = (frame["state"] != "needs verdict").astype(int) * 10 - frame["severity"].map(
         severity_rank
     )
@@ -67,24 +197,6 @@ def _filtered(frame: pd.DataFrame) -> pd.DataFrame:
         .sort_values(["_k", "_s"])
         .drop(columns=["_k", "_s"])
     )
-
-
-@st.fragment(run_every=ui.run_every())
-def inbox() -> None:
-    with ui.guarded(db):
-        shown = _filtered(data.anomalies(db))
-    todo = shown[shown["state"] == "needs verdict"]
-    done = shown[shown["state"] != "needs verdict"]
-    st.subheader(f"Inbox · {len(todo)} to judge")
-    if todo.empty:
-        st.caption("Nothing waiting for a verdict with these filters.")
-    else:
-        st.dataframe(
-            todo[COLUMNS], hide_index=True, width="stretch", height=min(320, 38 + 35 * len(todo))
-        )
-    with st.expander(f"Acknowledged · {len(done)}", expanded=False):
-        st.dataframe(done[COLUMNS], hide_index=True, width="stretch")
-    ui.updated_caption()
 
 
 def _label(row: pd.Series) -> str:
@@ -167,17 +279,40 @@ def context(a: pd.Series) -> None:
         st.caption(f"Every signal of {a['run']}, steps {start}–{end}; the episode is shaded.")
 
 
-inbox()
+def anomaly_list() -> None:
+    """Every anomaly one by one, as before incidents: nothing an incident holds is hidden."""
+    with st.container(horizontal=True):
+        detectors = st.multiselect(
+            "Detector", sorted(everything["detector"].unique()), key="f_det", placeholder="all"
+        )
+        states = st.multiselect("State", STATES, key="f_state", placeholder="all")
+    shown = _filtered(everything, detectors, states)
+    todo = int((shown["state"] == "needs verdict").sum())
+    st.caption(
+        f"{len(shown):,} anomalies with these filters, {todo:,} with no verdict of their own."
+    )
+    if shown.empty:
+        return
+    st.dataframe(
+        shown[COLUMNS], hide_index=True, width="stretch", height=min(320, 38 + 35 * len(shown))
+    )
+    ids = shown["id"].tolist()
+    wanted = st.session_state.get("anomaly_id")
+    labels = {int(r["id"]): _label(r) for _, r in shown.iterrows()}
+    picked = st.selectbox(
+        "Open anomaly", ids, index=ids.index(wanted) if wanted in ids else 0, format_func=labels.get
+    )
+    st.session_state["anomaly_id"] = picked
+    context(shown[shown["id"] == picked].iloc[0])
+
+
+incident_inbox()
 st.divider()
-shown = _filtered(everything)
-if shown.empty:
-    st.info("No anomaly matches these filters.")
+if everything.empty:
+    st.caption("No anomalies stored.")
     st.stop()
-ids = shown["id"].tolist()
-wanted = st.session_state.get("anomaly_id")
-labels = {int(r["id"]): _label(r) for _, r in shown.iterrows()}
-picked = st.selectbox(
-    "Open anomaly", ids, index=ids.index(wanted) if wanted in ids else 0, format_func=labels.get
-)
-st.session_state["anomaly_id"] = picked
-context(shown[shown["id"] == picked].iloc[0])
+with st.expander(
+    f"Every anomaly, one by one · {len(everything):,}",
+    expanded=st.session_state.get("anomaly_id") is not None and incidents.empty,
+):
+    anomaly_list()

@@ -1,16 +1,16 @@
-"""Run: is this run healthy? The loss against what was expected, every anomaly on the curve
-it belongs to, restarts and their lost work, and the signals that explain a fault
-(grad norm, LR, throughput, step time) stacked on the same x-axis."""
+"""Run: is this run healthy? The loss against what was expected, its incidents marked on the
+curves they hit (each a handful of symptoms with one cause, not a dot per blip), restarts
+and their lost work, and the signals that explain a fault (grad norm, LR, throughput, step
+time) stacked on the same x-axis."""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from runwatch.dashboard import data, shaping, ui
+from runwatch.dashboard import data, inbox, shaping, ui
 from runwatch.dashboard.charts import (
     anomaly_marks,
-    drawn_anomalies,
     placeholder_figure,
     run_figure,
     run_figure_height,
@@ -18,7 +18,8 @@ from runwatch.dashboard.charts import (
 from runwatch.pipeline import runconfig
 
 PANEL_ROLES = ("loss", "grad_norm", "lr", "throughput", "step_time")
-# Rows of the anomaly and event lists under the chart (the Anomalies page has them all). A
+# Rows of the incident, anomaly and event lists under the chart (the Anomalies page has them
+# all). A
 # comment, not a docstring: Streamlit's "magic" writes a bare string in a page to the page.
 LIST_ROWS = 50
 
@@ -46,10 +47,10 @@ with st.container(horizontal=True, vertical_alignment="bottom"):
     log_y = st.toggle("log y (loss)", key="log_y")
     log_x = st.toggle("log x", key="log_x")
     show_info = st.toggle(
-        "info anomalies",
+        "info incidents",
         key="show_info",
-        help="Draw info-level anomalies too (small blips; the lists below have them all). "
-        "Warnings and critical ones are always drawn.",
+        help="Draw info-level incidents too (small blips; the lists below have them all). "
+        "Warning and critical incidents are always drawn.",
     )
 first_step = 0
 last_step = int(info["last_step"]) if pd.notna(info["last_step"]) else 0
@@ -77,9 +78,12 @@ def headline() -> None:
     with ui.guarded(db):
         now_info = data.runs(db).set_index("name").loc[run]
         anomalies = data.anomalies(db, run)
+        incidents = data.incidents(db, run)
         fc = data.loss_forecast(db, run, loss) if loss else None
         latest = data.latest_values(db, run, (loss,)).get(loss) if loss else None
-    health = shaping.health_of(anomalies)
+    # Judged by incident once incidents exist (a benign incident's members no longer count);
+    # a store from before incidents is judged by its anomalies.
+    health = shaping.health_of(incidents if len(incidents) else anomalies)
     age = data.now() - now_info["last_time"] if pd.notna(now_info["last_time"]) else None
     c = st.columns(6)
     with c[0]:
@@ -113,10 +117,9 @@ def headline() -> None:
         )
         eta = "done" if now_info["status"] != "running" else shaping.format_age(fc["eta_seconds"])
         c[4].metric("ETA", eta)
-    open_n = len(shaping.unresolved(anomalies))
     c[5].metric(
-        "Open anomalies",
-        open_n,
+        "Open incidents",
+        inbox.open_count(incidents),
         f"attempts: {int(now_info['attempts'])}",
         delta_color="off",
         delta_arrow="off",
@@ -142,6 +145,8 @@ def chart() -> None:
         tps = runconfig.tokens_per_step(config, runconfig.aligned_sample(frames))
         to_x = lambda steps: shaping.steps_to_x(steps, axis, tps, ref)  # noqa: E731
         anomalies = data.anomalies(db, run)
+        incidents = data.incidents(db, run)
+        membership = data.incident_membership(db, run)
         attempts = data.attempts(db, run)
         fc = data.loss_forecast(db, run, loss) if loss else None
     if axis == "tokens" and not tps:
@@ -168,7 +173,7 @@ def chart() -> None:
         for r in attempts.itertuples()
         if r.attempt > 1 and pd.notna(r.start_step) and lo <= r.start_step <= hi
     ]
-    marked = drawn_anomalies(anomalies, show_info)
+    marked, hidden = inbox.incident_anomalies(anomalies, incidents, membership, show_info)
     fig = run_figure(
         [(m, shaping.with_x(f, axis, tps)) for m, f in frames.items()],
         expected=expected,
@@ -187,36 +192,45 @@ def chart() -> None:
     )
     notes = [
         f"{len(frames)} panels, at most {points:,} points per trace (min/max per bucket: "
-        "every spike and NaN kept). Click an anomaly marker to see it; drag to zoom, "
+        "every spike and NaN kept). Click a marker to see its incident; drag to zoom, "
         "double-click to zoom out."
     ]
     if fig.layout.yaxis.autorange is False:
         notes.append(f"The {loss} panel opens on the run after its initial fall.")
-    hidden = len(anomalies) - len(marked)
     if hidden:
         notes.append(
-            f"{hidden:,} info-level anomal{'y' if hidden == 1 else 'ies'} not drawn "
-            "(toggle *info anomalies*)."
+            f"{hidden:,} info-level incident{'' if hidden == 1 else 's'} not drawn "
+            "(toggle *info incidents*)."
         )
     st.caption(" ".join(notes))
     ui.updated_caption()
     picked = [p for p in (event.selection.points if event else []) if p.get("customdata")]
     if picked:
-        _show_anomaly(int(picked[0]["customdata"][0]), anomalies)
+        ids = picked[0]["customdata"]
+        _show_picked(int(ids[0]), int(ids[1]) if len(ids) > 1 else None, anomalies, incidents)
 
 
-def _show_anomaly(anomaly_id: int, anomalies: pd.DataFrame) -> None:
+def _show_picked(
+    anomaly_id: int, incident_id: int | None, anomalies: pd.DataFrame, incidents: pd.DataFrame
+) -> None:
+    """The clicked marker's incident (or, not yet in one, its anomaly) and a way to judge it."""
     row = anomalies[anomalies["id"] == anomaly_id]
+    inc = incidents[incidents["id"] == incident_id] if incident_id is not None else incidents[:0]
     if row.empty:
         return
     a = row.iloc[0]
     with st.container(border=True):
+        if len(inc):
+            st.markdown(inbox.headline(inc.iloc[0]))
+            st.caption(inbox.facts(inc.iloc[0]))
         st.markdown(
             f"**#{anomaly_id} · {a['severity']} · {a['detector']} on `{a['metric']}`** "
-            f"(steps {a['start_step']}–{a['end_step']}, {a['state']})  \n{a['message']}"
+            f"(steps {a['start_step']}–{a['end_step']})  \n{shaping.markdown_text(a['message'])}"
         )
         if st.button("Judge it in the Anomalies inbox", key=f"judge-{anomaly_id}"):
             st.session_state["anomaly_id"] = anomaly_id
+            if incident_id is not None:
+                st.session_state["incident_id"] = incident_id
             st.switch_page("views/anomalies.py")
 
 
@@ -230,23 +244,35 @@ with top:
 
 with ui.guarded(db):
     anomalies = data.anomalies(db, run)
+    incidents = data.incidents(db, run)
     events = data.events(db, run)
 # Full width, one under the other: a Markdown table sizes its columns to their text, and the
 # messages need the room.
-st.subheader(f"Anomalies ({len(anomalies)})")
-if anomalies.empty:
-    st.caption("None found so far.")
+st.subheader(f"Incidents ({len(incidents)})")
+if incidents.empty:
+    st.caption("None formed so far.")
 else:
     st.markdown(
         shaping.markdown_table(
-            shaping.anomaly_rows(anomalies, LIST_ROWS), raw=("severity", "state")
+            inbox.incident_rows(incidents, LIST_ROWS), raw=("severity", "status")
         )
     )
-    if len(anomalies) > LIST_ROWS:
-        st.caption(
-            f"The {LIST_ROWS} most recent of {len(anomalies):,}: the Anomalies page lists "
-            "them all, with filters."
+    if len(incidents) > LIST_ROWS:
+        st.caption(f"The first {LIST_ROWS} of {len(incidents):,}: the Anomalies page has them all.")
+with st.expander(f"Anomalies, one by one ({len(anomalies)})"):
+    if anomalies.empty:
+        st.caption("None found so far.")
+    else:
+        st.markdown(
+            shaping.markdown_table(
+                shaping.anomaly_rows(anomalies, LIST_ROWS), raw=("severity", "state")
+            )
         )
+        if len(anomalies) > LIST_ROWS:
+            st.caption(
+                f"The {LIST_ROWS} most recent of {len(anomalies):,}: the Anomalies page lists "
+                "them all, with filters."
+            )
 st.subheader("Events")
 shown = events[events["kind"] != "log"][["kind", "step", "attempt", "message"]]
 if shown.empty:

@@ -1,0 +1,177 @@
+"""The incident inbox's pure rules and its small chart, on plain frames (no Streamlit)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from runwatch.dashboard import inbox
+from runwatch.dashboard.charts import anomaly_marks, run_figure
+from runwatch.dashboard.charts_incident import incident_figure
+
+
+def _incidents(rows: list[tuple]) -> pd.DataFrame:
+    """(id, status, severity, first_step, last_step, run) rows as the store gives them."""
+    frame = pd.DataFrame(
+        rows, columns=["id", "status", "severity", "first_step", "last_step", "run"]
+    )
+    return frame.assign(
+        title=[f"incident {i}" for i in frame["id"]],
+        count=2,
+        hypotheses=[[] for _ in range(len(frame))],
+        details=[{} for _ in range(len(frame))],
+        is_active=False,
+    )
+
+
+INBOX = _incidents(
+    [
+        (1, "benign", "critical", 10, 900, "a"),
+        (2, "open", "info", 50, 950, "a"),
+        (3, "open", "warning", 20, 100, "a"),
+        (4, "open", "critical", 30, 200, "b"),
+        (5, "open", "warning", 40, 400, "b"),
+        (6, "real", "warning", 60, 990, "a"),
+        (7, "open", "critical", 5, 200, "a"),
+        (8, "watch", "info", 70, 999, "b"),
+    ]
+)
+
+
+def test_inbox_puts_open_incidents_first_by_severity_then_latest_step_judged_below() -> None:
+    order = inbox.inbox_order(INBOX)["id"].tolist()
+    # Open: critical (ties on last step 200: the newer id first), warning by recency, info.
+    # Judged: critical, warning, info.
+    assert order == [7, 4, 5, 3, 2, 1, 6, 8]
+
+
+def test_an_incident_opened_from_the_run_page_goes_to_the_top_of_its_group() -> None:
+    assert inbox.inbox_order(INBOX, first=2)["id"].tolist()[:3] == [2, 7, 4]
+    assert inbox.inbox_order(INBOX, first=8)["id"].tolist()[5:] == [8, 1, 6]
+
+
+def test_filters_keep_every_open_incident_and_only_the_chosen_judged_ones() -> None:
+    shown = inbox.filter_incidents(INBOX, judged=("real",))
+    assert sorted(shown["id"]) == [2, 3, 4, 5, 6, 7]
+    assert sorted(inbox.filter_incidents(INBOX, judged=())["id"]) == [2, 3, 4, 5, 7]
+    narrowed = inbox.filter_incidents(INBOX, runs=["b"], severities=["warning", "info"])
+    assert sorted(narrowed["id"]) == [5, 8]
+    assert inbox.open_count(INBOX) == 5
+
+
+def test_hypotheses_read_best_first_with_score_evidence_and_summary() -> None:
+    inc = {
+        "hypotheses": [
+            {"cause": "shard=s17", "score": 3.21, "evidence": "9 of 9 crashes in s17"},
+            {"cause": "host=node-2", "score": 0.4, "evidence": "3 of 9 on node-2"},
+        ],
+        "details": {"summary": "likely shard=s17: 9 of 9 crashes in s17"},
+    }
+    lines = inbox.hypothesis_lines(inc)
+    assert lines[0] == "**shard=s17** (score 3.2): 9 of 9 crashes in s17"
+    assert lines[1].startswith("**host=node-2** (score 0.4)")
+    assert lines[2] == "*likely shard=s17\\: 9 of 9 crashes in s17*"
+
+
+def _members(n: int) -> pd.DataFrame:
+    """``n`` loss spikes every 100 steps, then a crash event."""
+    steps = [100 * (i + 1) for i in range(n)]
+    return pd.DataFrame(
+        {
+            "kind": ["anomaly"] * n + ["event"],
+            "member_id": list(range(1, n + 2)),
+            "what": ["spike"] * n + ["crash"],
+            "metric": ["loss"] * n + [None],
+            "step": [*steps, steps[-1] + 50],
+            "end_step": [*steps, steps[-1] + 50],
+            "severity": ["warning"] * n + [None],
+            "message": [f"spike {i}" for i in range(n)] + ["rank 3 exited"],
+            "rank": [None] * n + [3],
+            "host": [None] * n + ["node-1"],
+        }
+    )
+
+
+def test_members_list_the_first_twenty_with_event_severity_from_its_kind() -> None:
+    members = _members(30)
+    rows = inbox.member_rows(members, 20)
+    assert len(rows) == 20 and rows["step"].tolist()[:2] == ["100", "200"]
+    assert rows["severity"].iloc[0] == ":orange-badge[warning]"
+    crash = inbox.member_rows(_members(2), 20).iloc[-1]
+    assert crash["severity"] == ":red-badge[critical]"
+    assert crash["metric"] == "rank 3 node-1"
+
+
+def test_small_chart_marks_every_member_on_the_curve_or_pinned_at_the_top() -> None:
+    members = _members(3)
+    metric = inbox.main_metric(members, "fallback")
+    assert metric == "loss"
+    assert inbox.chart_window(members["step"].min(), members["step"].max()) == (40, 410)
+    steps = np.arange(40, 411)
+    values = np.full(steps.size, 2.0)
+    values[[60, 160, 260]] = 8.0  # the three spikes, at steps 100, 200, 300
+    series = pd.DataFrame({"step": steps, "value": values, "superseded": False})
+    fig = incident_figure(series, inbox.member_marks(members, metric), metric)
+    by_name = {t.name: t for t in fig.data}
+    assert set(by_name) == {"loss", "warning member", "critical member (not on this curve)"}
+    spikes = by_name["warning member"]
+    assert list(spikes.x) == [100, 200, 300] and list(spikes.y) == [8.0, 8.0, 8.0]
+    crash = by_name["critical member (not on this curve)"]  # an event: pinned at the top
+    assert list(crash.x) == [350] and list(crash.y) == [8.0]
+    assert "crash: rank 3 exited" in crash.hovertext[0]
+    assert crash.marker.symbol == "x-open" and spikes.marker.symbol == "diamond"
+
+
+def _anomalies() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "id": [11, 12, 13, 14, 15],
+            "metric": ["loss"] * 5,
+            "start_step": [100, 200, 300, 400, 500],
+            "end_step": [100, 200, 300, 400, 500],
+            "severity": ["info", "warning", "info", "info", "warning"],
+            "observed": [3.0] * 5,
+            "message": [f"spike {i}" for i in range(5)],
+            "state": ["needs verdict"] * 5,
+            "detector": ["spike"] * 5,
+        }
+    )
+
+
+def test_run_chart_draws_warning_incidents_by_member_and_hides_info_ones() -> None:
+    incidents = _incidents(
+        [(1, "benign", "warning", 100, 300, "a"), (2, "open", "info", 400, 400, "a")]
+    )
+    membership = pd.DataFrame({"anomaly_id": [11, 12, 13, 14], "incident_id": [1, 1, 1, 2]})
+    marks, hidden = inbox.incident_anomalies(_anomalies(), incidents, membership)
+    # Incident 1's three members (info ones included) as the incident; 15 is in no incident
+    # yet and a warning: drawn as itself. Incident 2 (info) is not drawn.
+    assert marks["id"].tolist() == [11, 12, 13, 15] and hidden == 1
+    assert marks["severity"].tolist() == ["warning"] * 4
+    assert marks["state"].tolist()[:3] == ["benign"] * 3  # judged: the marks fade
+    assert marks["incident"].tolist()[:3] == [1, 1, 1] and pd.isna(marks["incident"].iloc[3])
+    everything, hidden = inbox.incident_anomalies(
+        _anomalies(), incidents, membership, show_info=True
+    )
+    assert everything["id"].tolist() == [11, 12, 13, 14, 15] and hidden == 0
+    fig = run_figure(
+        [("loss", pd.DataFrame({"x": np.arange(600), "value": np.ones(600)}))],
+        anomalies=anomaly_marks(marks, lambda s: s),
+    )
+    clickable = [t for t in fig.data if t.customdata is not None]
+    assert [list(t.customdata[0]) for t in clickable] == [[11, 1], [12, 1], [13, 1], [15]]
+    assert {t.name for t in clickable} == {"warning incident", "warning anomaly"}
+
+
+def test_incident_rows_list_open_first_with_badges_and_steps() -> None:
+    rows = inbox.incident_rows(INBOX, 3)
+    assert rows["#"].tolist() == [7, 4, 5]
+    assert rows["status"].iloc[0] == ":gray-badge[open]"
+    assert rows["steps"].tolist() == ["5–200", "30–200", "40–400"]
+
+
+@pytest.mark.parametrize("bad", [None, float("nan")])
+def test_an_incident_without_steps_has_no_chart_window(bad) -> None:
+    assert inbox.chart_window(bad, bad) is None
+    assert inbox.steps_text(bad, bad) == ""
