@@ -11,7 +11,9 @@ writer flush, live detection on its own thread, the alert engine (grouping), the
 the sender, HTTP.
 
 Storm check (once): 50 NaNs in 2 s in one run (every other step at 50 steps/s); counts the
-messages the receiver gets before ``run.finish()`` and after it, to show the storm folds.
+messages the receiver gets before ``run.finish()`` and after it, to show the storm folds, and
+what the messages say of the storm's incident (group keys, the incident's id and count in
+the last message; code before alerts per incident sends no incident).
 
 ``--rules FILE`` passes ``alerts=FILE`` instead of the packaged defaults (e.g. the old
 default file, to measure the code before this change on today's code); ``--root PATH``
@@ -176,7 +178,12 @@ def storm(receiver: Receiver, tmp: Path, rules: str | None) -> dict[str, Any]:
     everything = receiver.received(path)
     alerts = sum(len((m["body"] or {}).get("alerts", [])) for m in everything)
     assert first_logged is not None
+    last = (everything[-1]["body"] or {}) if everything else {}
+    incident = last.get("incident") or {}
     return {
+        "group_keys": len({(m["body"] or {}).get("group_key") for m in everything}),
+        "incident": incident.get("id"),
+        "incident_count": incident.get("count"),
         "nans": 50,
         "during_run": len(before_finish),
         "at_finish": len(everything) - len(before_finish),
@@ -230,7 +237,8 @@ def main() -> None:
                 print(
                     f"storm | {args.label} | {s['nans']} NaNs in 2 s | messages during the run "
                     f"{s['during_run']}, at finish {s['at_finish']}, total {s['total']} | "
-                    f"first after {s['first_after_s']:.3f} s |"
+                    f"first after {s['first_after_s']:.3f} s | group keys {s['group_keys']}, "
+                    f"incident {s['incident']} with {s['incident_count']} members |"
                 )
     finally:
         receiver.close()

@@ -48,10 +48,11 @@ log = logging.getLogger("runwatch.alerting")
 
 SILENCE_REFRESH = 1.0
 """Seconds between re-reads of the silences table: `runwatch silence add` acts this fast."""
-INCIDENT_REFRESH = 2.0
-"""Seconds between re-reads of the incidents of runs with alerts held (their count, severity
-or title changing is news); when a group is due they are read at once, so a message names
-the incident as it stands."""
+INCIDENT_REFRESH = 10.0
+"""Seconds between re-reads of the incidents of runs with alerts held, for changes no alert
+brings (a crash event joining, an info member): news that waits for ``group_interval``
+anyway, while a read costs the engine's thread some milliseconds (a pandas frame). When a
+group is due they are read at once, so a message names the incident as it stands."""
 
 
 class AlertEngine:

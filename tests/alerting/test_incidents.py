@@ -186,6 +186,21 @@ def test_benign_incident_that_gets_worse_is_open_again_and_alerts(
     assert [(a["step"], a["severity"]) for a in msg["alerts"]] == [(170, "critical")]
 
 
+def test_a_silence_on_the_incident_label_mutes_that_incident_only(
+    live: LiveRun, receiver: Any
+) -> None:
+    first = live.episode(150)
+    incident, _ = live.incident(first)
+    with open_store(live.store_path) as store:
+        store.add_silence({"incident": str(incident)}, live.clock.now + 3600)
+    live.clock.advance(2)  # past the engine's silence refresh
+    other = live.episode(5000, detector="nonfinite", severity="critical", observed=float("nan"))
+    live.clock.advance(10)
+    assert live.send() == 1
+    [msg] = bodies(receiver)
+    assert msg["incident"]["id"] == live.incident(other)[0] != incident
+
+
 def test_an_explicit_group_by_is_kept_and_messages_name_every_incident(
     store_path: str, clock: Any, receiver: Any
 ) -> None:
