@@ -45,6 +45,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "real_runs"
+"""As bench/detection.py and replay_against.py find it: a worktree in /tmp needs /tmp/shared."""
 REAL_RUNS = ("mng_llmc_gpt2_124m", "mng_adamw_gpt2_124m", "mlm_gpt3_15b_a100")
 PARTS = ("real", "scenario", "alerts", "detection", "replay")
 CRASH_KINDS = ("crash", "oom", "nccl_timeout", "hang", "xid")
@@ -117,8 +118,8 @@ def bench_real(args: argparse.Namespace, tmp: Path) -> list[tuple[str, str, str,
             got[name] = counts(tree, db, [run], args.logs, f"real-{name}-{run}")[run]
         a, b = got["after"], got["before"]
         measured = (
-            f"{a['open']} open incidents ({a['open_warn+']} warning+; {a['episodes']} episodes "
-            f"in them); before: {b['episodes']} episodes ({b['warn+']} warning+), no incidents"
+            f"{a['open']} open incidents ({a['open_warn+']} warning+) of {a['episodes']} episodes; "
+            f"before: {b['episodes']} episodes ({b['warn+']} warning+), no incidents"
         )
         rows.append((f"open incidents, healthy {run}", "<= 10", measured, _met(a["open"] <= 10)))
     return rows
@@ -245,21 +246,37 @@ def judge_scenario(db: Path, truth: dict[str, Any]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ other benches
 def bench_alerts(args: argparse.Namespace, tmp: Path) -> list[tuple[str, str, str, str]]:
+    """Each repeat runs both trees (alternating which goes first); the p99 is over all
+    trials of a tree, with the range of the per-repeat p99s beside it."""
+    import numpy as np
+
     trials = "5" if args.quick else "20"
-    p99 = {}
-    for name, tree in (("after", ROOT), ("before", args.before)):
-        cmd = [_py(), str(ROOT / "bench" / "alert_latency.py"), "--trials", trials, "--no-storm"]
-        cmd += ["--root", str(tree), "--label", name]
-        out = _sh(cmd, args.logs / f"alerts-{name}.log")
-        row = next(line for line in out.splitlines() if line.startswith(f"| {name} |"))
-        cells = [c.strip() for c in row.strip("|").split("|")]
-        p99[name] = (cells[1], float(cells[4]), float(cells[2]))
-    a, b = p99["after"], p99["before"]
-    measured = (
-        f"p99 {a[1]:.3f} s, p50 {a[2]:.3f} s ({a[0]} trials); "
-        f"before: p99 {b[1]:.3f} s, p50 {b[2]:.3f} s"
-    )
-    return [("NaN -> webhook p99, default rules", "<= 1 s", measured, _met(a[1] <= 1.0))]
+    repeats = 1 if args.quick else args.repeats
+    trees = {"after": ROOT, "before": args.before}
+    lat: dict[str, list[float]] = {"after": [], "before": []}
+    p99s: dict[str, list[float]] = {"after": [], "before": []}
+    missed = {"after": 0, "before": 0}
+    for r in range(repeats):
+        for name in ("after", "before") if r % 2 == 0 else ("before", "after"):
+            cmd = [_py(), str(ROOT / "bench" / "alert_latency.py"), "--trials", trials]
+            cmd += ["--no-storm", "--root", str(trees[name]), "--label", name, "--seed", str(r)]
+            out = _sh(cmd, args.logs / f"alerts-{name}-{r}.log")
+            got = [float(m.group(1)) for m in re.finditer(r"trial \d+: ([\d.]+) s", out)]
+            missed[name] += len(re.findall(r"trial \d+: None", out))
+            lat[name] += got
+            p99s[name].append(float(np.percentile(got, 99)))
+
+    def text(name: str) -> str:
+        a = np.array(lat[name])
+        return (
+            f"p99 {np.percentile(a, 99):.3f} s (per repeat {min(p99s[name]):.3f}-"
+            f"{max(p99s[name]):.3f}), p50 {np.median(a):.3f} s, {len(a)} trials, "
+            f"{missed[name]} missed"
+        )
+
+    measured = f"{text('after')}; before: {text('before')}"
+    ok = float(np.percentile(lat["after"], 99)) <= 1.0 and not missed["after"]
+    return [("NaN -> webhook p99, default rules", "<= 1 s", measured, _met(ok))]
 
 
 _FA = re.compile(r"false alarms per 100k steps, (held-in|held-out): ours ([\d.]+)")
