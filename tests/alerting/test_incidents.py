@@ -63,6 +63,15 @@ class LiveRun:
             is_open=is_open,
         )
         self.kept.append(anomaly)
+        return self._save(anomaly)
+
+    def close(self, row: int, end_step: int) -> None:
+        """The open episode stored as ``row`` ends at ``end_step``."""
+        [anomaly] = [a for a in self.kept if self.ids[id(a)] == row]
+        anomaly.end_step, anomaly.is_open = end_step, False
+        self._save(anomaly)
+
+    def _save(self, anomaly: Anomaly) -> int:
         with open_store(self.store_path) as store:
             run_id = store.run_id("gpt")
             store.save_anomalies(run_id, "live", [anomaly], self.ids)
@@ -132,6 +141,41 @@ def test_recurring_spikes_of_one_incident_are_one_notification_then_updates(
     assert last["incident"]["title"].startswith("5 loss spikes of ×3, steps 150–950")
     assert last["summary"].startswith(f"[WARNING] gpt: incident {incident} (5 loss spikes")
     assert last["incidents"] == [last["incident"]]
+
+
+def test_an_incident_fires_while_open_and_resolves_when_it_closes(
+    live: LiveRun, receiver: Any
+) -> None:
+    row = live.episode(100, "nonfinite", "critical", float("nan"), is_open=True)
+    assert live.send() == 1  # critical: no group_wait
+    live.clock.advance(5)
+    live.close(row, 140)
+    assert live.send() == 0  # within the critical route's group_interval (30 s)
+    live.clock.advance(25)
+    assert live.send() == 1
+    first, last = bodies(receiver)
+    assert (first["status"], first["incident"]["is_active"]) == ("firing", True)
+    assert (last["status"], last["incident"]["is_active"]) == ("resolved", False)
+    assert first["group_key"] == last["group_key"] and last["sequence"] == 2
+    assert last["alerts"][0]["end_step"] == 140
+
+
+def test_an_incident_that_grows_without_a_new_alert_is_updated(
+    live: LiveRun, receiver: Any
+) -> None:
+    live.episode(100, "nonfinite", "critical", float("nan"), is_open=True)
+    assert live.send() == 1
+    # An info loss spike just before the NaN joins its incident: no alert of its own (info
+    # is not routed), but the incident now has two members.
+    live.episode(90, "spike", "info", 4.0)
+    live.clock.advance(30)
+    assert live.send() == 1
+    first, update = bodies(receiver)
+    assert update["incident"]["id"] == first["incident"]["id"]
+    assert (first["incident"]["count"], update["incident"]["count"]) == (1, 2)
+    assert [a["detector"] for a in update["alerts"]] == ["nonfinite"]
+    live.clock.advance(30)
+    assert live.send() == 0  # nothing changed since
 
 
 def test_benign_incident_folds_new_members_quietly_and_real_alerts_again(
