@@ -1,6 +1,7 @@
 """NaN -> webhook latency with the packaged default rules, and a NaN storm (issue 17, item 7).
 
     python bench/alert_latency.py [--trials 20] [--rules FILE] [--root PATH] [--label NAME]
+                                  [--kind nan|crash]
 
 Each trial is a real run: ``runwatch.init(name, store=<new db>, webhook=URL)`` with no rules
 file (the packaged defaults), a loop logging loss, lr and grad_norm at about 50 steps/s, and
@@ -8,7 +9,9 @@ a NaN loss at a random step (1 to 3 s into the run). The latency is the receiver
 receipt of the first message naming that NaN minus the time just before ``run.log(NaN)``
 (same host clock; the receiver runs in a subprocess on 127.0.0.1). The path: the hook's
 writer flush, live detection on its own thread, the alert engine (grouping), the outbox,
-the sender, HTTP.
+the sender, HTTP. ``--kind crash`` logs ``run.event("crash", ...)`` instead of the NaN and
+waits for the message naming a crash (a failure event: live detection forms its incident,
+then the engine reads it; code before alerts per incident sends nothing for it).
 
 Storm check (once): 50 NaNs in 2 s in one run (every other step at 50 steps/s); counts the
 messages the receiver gets before ``run.finish()`` and after it, to show the storm folds, and
@@ -119,14 +122,19 @@ def _point(step: int) -> dict[str, float]:
     }
 
 
-def _names_nan(message: dict[str, Any], step: int) -> bool:
+def _names_nan(message: dict[str, Any], step: int, detector: str = "nonfinite") -> bool:
     body = message["body"] or {}
     return any(
-        a.get("detector") == "nonfinite" and a.get("step") == step for a in body.get("alerts", [])
+        a.get("detector") == detector and a.get("step") == step for a in body.get("alerts", [])
     )
 
 
-def one_trial(receiver: Receiver, tmp: Path, i: int, rules: str | None) -> float | None:
+CRASH = "RuntimeError: CUDA error: an illegal memory access was encountered"
+
+
+def one_trial(
+    receiver: Receiver, tmp: Path, i: int, rules: str | None, kind: str = "nan"
+) -> float | None:
     import runwatch
 
     path = f"trial{i}"
@@ -137,14 +145,19 @@ def one_trial(receiver: Receiver, tmp: Path, i: int, rules: str | None) -> float
     latency = None
     step = 0
     while True:
-        if step == nan_step:
+        if step == nan_step and kind == "crash":
+            run.log(_point(step), step=step)
+            logged = time.time()
+            run.event("crash", step=step, message=CRASH)
+        elif step == nan_step:
             logged = time.time()
             run.log({"loss": float("nan"), "lr": 3e-4, "grad_norm": 1.0}, step=step)
         else:
             run.log(_point(step), step=step)
         step += 1
         if logged is not None and step % 5 == 0:
-            hits = [m for m in receiver.received(path) if _names_nan(m, nan_step)]
+            detector = "crash" if kind == "crash" else "nonfinite"
+            hits = [m for m in receiver.received(path) if _names_nan(m, nan_step, detector)]
             if hits:
                 latency = hits[0]["t"] - logged
                 break
@@ -201,6 +214,7 @@ def main() -> None:
     parser.add_argument("--label", default="this code")
     parser.add_argument("--seed", type=int, default=17)
     parser.add_argument("--no-storm", action="store_true")
+    parser.add_argument("--kind", choices=("nan", "crash"), default="nan")
     parser.add_argument("--serve-receiver", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_receiver:
@@ -221,13 +235,13 @@ def main() -> None:
             lat: list[float] = []
             missed = 0
             for i in range(args.trials):
-                got = one_trial(receiver, tmp, i, args.rules)
+                got = one_trial(receiver, tmp, i, args.rules, args.kind)
                 if got is None:
                     missed += 1
                 else:
                     lat.append(got)
                 print(f"  trial {i}: {got if got is None else round(got, 3)} s", flush=True)
-            a = np.array(lat)
+            a = np.array(lat if lat else [float("nan")])
             print(
                 f"| {args.label} | {len(lat)} (missed {missed}) | {np.median(a):.3f} | "
                 f"{np.percentile(a, 90):.3f} | {np.percentile(a, 99):.3f} | {a.max():.3f} |"

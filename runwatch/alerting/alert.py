@@ -5,6 +5,10 @@ the numbers (observed vs expected with its band, the steps) are what the message
 alert's identity is the anomaly's row id in the store, so an episode that grows or closes
 updates the same alert rather than making a new one. The engine adds the ``incident`` label
 (the id of the incident the episode belongs to) once the store has formed it.
+
+A failure event (crash, OOM, NCCL timeout, hang, Xid, error log) that live detection put
+into an incident is an alert too (``alert_from_event``): its ``detector`` label is the event
+kind, and its id is the event's row id, negated, so it never collides with an anomaly's.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class Alert:
     lower: float | None
     upper: float | None
     message: str
+    event: bool = False  # a failure event's alert: ``id`` is minus the event's row id
 
     @property
     def run(self) -> str:
@@ -61,6 +66,11 @@ class Alert:
         """One line with the numbers: what, where, observed vs expected and band, when."""
         where = self.labels["metric"]
         extra = [f"{k} {self.labels[k]}" for k in ("rank", "host", "gpu") if self.labels.get(k)]
+        if self.event:
+            text = f"{self.run}: {self.labels['detector']}"
+            text += f" ({', '.join(extra)})" if extra else ""
+            text += f": {self.message}" if self.message else ""
+            return text + f" at step {self.start_step}"
         if extra:
             where += f" ({', '.join(extra)})"
         text = f"{self.run}: {self.labels['detector']} on {where}"
@@ -84,6 +94,8 @@ class Alert:
         if not dashboard_url:
             return None
         base = dashboard_url.rstrip("/")
+        if self.event:
+            return f"{base}/runs?run={quote(self.run)}&step={self.start_step}"
         return f"{base}/runs?run={quote(self.run)}&anomaly={self.id}&step={self.start_step}"
 
     def numbers(self) -> dict[str, Any]:
@@ -128,6 +140,44 @@ def alert_from_anomaly(
         lower=anomaly.lower,
         upper=anomaly.upper,
         message=anomaly.message,
+    )
+
+
+def alert_from_event(
+    event: dict[str, Any], severity: str, incident: int, run: str, project: str | None, now: float
+) -> Alert:
+    """The alert for a failure event of ``run`` (a row of ``store.incident_members``): firing
+    when first told; the engine resolves it once told, as it is over when it is logged."""
+    labels = {
+        "alertname": str(event["what"]),
+        "run": run,
+        "project": project or "",
+        "detector": str(event["what"]),
+        "metric": "",
+        "severity": severity,
+    }
+    for key in ("rank", "host"):
+        value = event.get(key)
+        if value is not None and value == value:  # None or NaN from the frame: absent
+            labels[key] = str(int(value)) if key == "rank" else str(value)
+    labels["incident"] = str(incident)
+    step = event.get("step")
+    step = int(step) if step is not None and step == step else 0
+    return Alert(
+        id=-int(event["member_id"]),
+        labels=labels,
+        status="firing",
+        starts_at=now,
+        ends_at=None,
+        start_step=step,
+        end_step=step,
+        score=0.0,
+        observed=None,
+        expected=None,
+        lower=None,
+        upper=None,
+        message=str(event.get("message") or ""),
+        event=True,
     )
 
 

@@ -9,6 +9,11 @@ the incidents it is about, and writes them to the outbox in one transaction; the
 :class:`Sender` thread delivers from there. ``close`` flushes every group at once (a run
 that finishes does not wait out ``group_wait``) and waits, bounded, for the outbox.
 
+Failure events (crash, OOM, NCCL timeout, hang, Xid, error log) are no episodes: live
+detection forms their incidents and then calls ``observe`` with no changes; the engine reads
+the run's incidents, and each new failure event in one (logged since the engine started)
+becomes an alert of that incident (``alert_from_event``), firing, resolved once told.
+
 Verdicts feed back: a new episode of an incident judged ``benign`` is not alerted (it is
 still stored and counted in the incident; ``folded`` counts it here and the log says so
 once per incident). ``real`` and ``watch`` incidents alert as open ones do, and a benign
@@ -34,13 +39,13 @@ from typing import Any
 
 import httpx
 
-from runwatch.alerting.alert import Alert, alert_from_anomaly
+from runwatch.alerting.alert import Alert, alert_from_anomaly, alert_from_event
 from runwatch.alerting.grouping import INCIDENT, Grouper, Notification
 from runwatch.alerting.payloads import group_summary, render
 from runwatch.alerting.rules import Rules, matches
 from runwatch.alerting.sender import Sender
 from runwatch.guard import Guard
-from runwatch.model import Anomaly
+from runwatch.model import FAILURE_EVENTS, Anomaly
 from runwatch.store import Store
 from runwatch.worker import Worker
 
@@ -53,6 +58,11 @@ INCIDENT_REFRESH = 10.0
 brings (a crash event joining, an info member): news that waits for ``group_interval``
 anyway, while a read costs the engine's thread some milliseconds (a pandas frame). When a
 group is due they are read at once, so a message names the incident as it stands."""
+EVENT_ALERTS = tuple(kind for kind in FAILURE_EVENTS if kind != "xid")
+"""Failure events alerted as such; an Xid is alerted through the hardware monitor's episode."""
+EVENT_GRACE = 5.0
+"""Failure events logged this many seconds before the engine started still alert (clocks of
+hosts differ a little); older ones are an earlier attempt's, told by its own process."""
 
 
 class AlertEngine:
@@ -77,6 +87,10 @@ class AlertEngine:
         self._incident_of: dict[int, str] = {}  # alert id -> incident id, while it is open
         self._incidents: dict[str, dict[str, Any]] = {}  # incident id -> incident_info
         self._incidents_read = float("-inf")
+        self._event_runs: dict[str, str | None] = {}  # runs whose failure events to read
+        self._event_counts: dict[int, int] = {}  # incident id -> count when last read
+        self._events_seen: set[int] = set()
+        self._born = clock()
         self._lock = threading.Lock()  # observe (detection thread) vs tick
         self._tick_lock = threading.Lock()  # the engine's thread vs flush() from another
         self._store: Store | None = None
@@ -85,7 +99,8 @@ class AlertEngine:
         self.sender = Sender(store_path, rules, clock=clock, rng=rng, client=client)
         self.enqueued = 0
         self.folded = 0
-        """Episodes of benign incidents that were not alerted (they are in the store)."""
+        """Members of benign incidents (episodes, failure events) that were not alerted
+        (they are in the store)."""
         self.folded_by_incident: Counter[int] = Counter()
         self._close_guard = Guard("flushing alerts at close", log)
         # A flush at once, then when observe() wakes it or the next group is due.
@@ -111,7 +126,10 @@ class AlertEngine:
         Cheap, on the caller's thread: the incident lookup and grouping happen in ``tick``.
         """
         now = self._clock()
+        changes = list(changes)
         with self._lock:
+            if not changes:  # failure events formed incidents: read them at the next tick
+                self._event_runs[run] = project
             for row_id, anomaly in changes:
                 alert = alert_from_anomaly(row_id, anomaly, run, project, now)
                 # An episode that grows keeps the time it was first seen.
@@ -140,21 +158,29 @@ class AlertEngine:
         self._refresh_silences(now)
         with self._lock:
             pending, self._pending = self._pending, []
+            event_runs, self._event_runs = self._event_runs, {}
         grouper = self._grouper
         for alert, seen in pending:
             if self._with_incident(alert):
                 grouper.add(alert, seen)
+        for run, project in event_runs.items():
+            for alert in self._event_alerts(run, project, now):
+                grouper.add(alert, now)
         due = grouper.next_due()
         runs = grouper.runs()
         if runs:
             fresh = everything or (due is not None and due <= now)
             if fresh or now - self._incidents_read >= INCIDENT_REFRESH:
-                self._read_incidents(runs, now)
+                self._read_incidents(runs - set(event_runs), now)  # those were just read
                 grouper.note_incidents(self._incidents, runs, now)
         notes = grouper.due(now, self._visibility(), everything=everything)
         if not notes:
             return 0
         notes = [replace(note, incidents=self._incidents_in(note)) for note in notes]
+        for note in notes:  # a failure event is over once told: resolved at the next update
+            for alert in note.alerts:
+                if alert.event and alert.status == "firing":
+                    grouper.add(replace(alert, status="resolved", ends_at=now), now)
         messages = [m for note in notes for m in self._messages(note)]
         written = self.store.enqueue_alerts(messages, now)
         self.enqueued += written
@@ -179,16 +205,7 @@ class AlertEngine:
             return True
         incident, status = found
         if status == "benign" and not held:
-            self.folded += 1
-            self.folded_by_incident[incident] += 1
-            if self.folded_by_incident[incident] == 1:
-                log.info(
-                    "runwatch: run %s: incident %d is benign; its new episodes fold in "
-                    "without an alert (they are stored and counted)",
-                    alert.run,
-                    incident,
-                )
-            log.debug("runwatch: anomaly %d folded into benign incident %d", alert.id, incident)
+            self._fold(alert.run, incident, f"anomaly {alert.id}")
             return False
         alert.labels[INCIDENT] = str(incident)
         if alert.status == "firing":
@@ -196,6 +213,56 @@ class AlertEngine:
         else:
             self._incident_of.pop(alert.id, None)
         return True
+
+    def _fold(self, run: str, incident: int, what: str) -> None:
+        """Count (and log, once per incident) a member of a benign incident not alerted."""
+        self.folded += 1
+        self.folded_by_incident[incident] += 1
+        if self.folded_by_incident[incident] == 1:
+            log.info(
+                "runwatch: run %s: incident %d is benign; its new members fold in without "
+                "an alert (they are stored and counted)",
+                run,
+                incident,
+            )
+        log.debug("runwatch: %s folded into benign incident %d", what, incident)
+
+    def _event_alerts(self, run: str, project: str | None, now: float) -> list[Alert]:
+        """Alerts for the failure events new in the run's incidents since the last read."""
+        try:
+            frame = self.store.incidents(run, source="live")
+        except Exception as exc:  # an unknown run, a store being migrated: not fatal
+            log.debug("runwatch: cannot read the incidents of run %r: %s", run, exc)
+            return []
+        out = []
+        for row in frame.to_dict("records"):
+            info = incident_info(row)
+            iid = info["id"]
+            self._incidents[str(iid)] = info
+            kinds = (row.get("details") or {}).get("kinds") or []
+            if not any(k.startswith("event:") and k[6:] in FAILURE_EVENTS for k in kinds):
+                continue
+            if self._event_counts.get(iid) == info["count"]:
+                continue  # no new member since the last read
+            self._event_counts[iid] = info["count"]
+            try:
+                members = self.store.incident_members(iid)
+            except Exception as exc:  # merged away since: the next read has it
+                log.debug("runwatch: cannot read incident %d: %s", iid, exc)
+                continue
+            for event in members[members["kind"] == "event"].to_dict("records"):
+                eid = int(event["member_id"])
+                if eid in self._events_seen or event["what"] not in EVENT_ALERTS:
+                    continue
+                self._events_seen.add(eid)
+                if not float(event["time"]) >= self._born - EVENT_GRACE:
+                    continue  # an earlier attempt's: its own process told it
+                if info["status"] == "benign":
+                    self._fold(run, iid, f"event {eid} ({event['what']})")
+                    continue
+                severity = FAILURE_EVENTS[str(event["what"])]
+                out.append(alert_from_event(event, severity, iid, run, project, now))
+        return out
 
     def _read_incidents(self, runs: set[str], now: float) -> None:
         """The live incidents of ``runs`` as the store has them now."""

@@ -24,7 +24,8 @@ fields are only ever added within v1, never renamed or removed::
       } | null,
       "incidents": [{…as "incident"…}],      # every incident the alerts belong to
       "alerts": [{
-        "id": 17,                            # the anomaly's row id in the store
+        "id": 17,                            # the anomaly's row id in the store (null: event)
+        "event_id": null | 9,                # a failure event's row id (detector: its kind)
         "incident_id": 4 | null,
         "status": "firing" | "resolved", "fingerprint": "…16 hex…",
         "run": …, "project": …, "detector": …, "metric": …, "severity": "critical",
@@ -189,7 +190,8 @@ def webhook(
 
 def _webhook_alert(a: Alert, dashboard_url: str | None) -> dict[str, Any]:
     return {
-        "id": a.id,
+        "id": None if a.event else a.id,
+        "event_id": -a.id if a.event else None,
         "incident_id": a.incident,
         "status": a.status,
         "fingerprint": a.fingerprint,

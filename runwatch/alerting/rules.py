@@ -75,15 +75,17 @@ __all__ = [
 
 
 def known_detectors() -> tuple[str, ...]:
-    """Detector names a route may name: the registry's, the Monitor's linked findings, and
-    the fleet detectors' (stragglers, hangs, hardware)."""
+    """Detector names a route may name: the registry's, the Monitor's linked findings, the
+    fleet detectors' (stragglers, hangs, hardware), and failure events' kinds (crash ...)."""
     from runwatch.detect import DETECTORS
     from runwatch.detect.fleet.hangs import HangDetector
     from runwatch.detect.fleet.hardware import HardwareMonitor
     from runwatch.detect.fleet.stragglers import StragglerDetector
+    from runwatch.model import FAILURE_EVENTS
 
     fleet = (StragglerDetector.name, HangDetector.name, HardwareMonitor.name)
-    return (*sorted(d.name for d in DETECTORS), "grad_norm_precursor", *fleet)
+    events = tuple(k for k in FAILURE_EVENTS if k not in fleet)
+    return (*sorted(d.name for d in DETECTORS), "grad_norm_precursor", *fleet, *events)
 
 
 def default_rules_text() -> str:

@@ -244,13 +244,15 @@ class LiveDetection:
 
     def _save(self, anomalies: Any, form: bool = False) -> None:
         """Store changed episodes, form the run's incidents again if that changed them
-        (``form``: a failure event came), then hand the episodes to alerting."""
+        (``form``: a failure event came), then hand the episodes to alerting (and, after
+        failure events, an empty list: their incidents are for alerting to read)."""
         anomalies = list(anomalies)
         if self._store is None:
             return
         if not anomalies:
             if form:
                 self._form_incidents()
+                self._alert([])
             return
         # Urgent: what an alert waits for - a warning or critical episode that opened,
         # closed or got worse. The rest (info episodes, growth) is formed on a budget.
@@ -270,9 +272,15 @@ class LiveDetection:
         else:
             return
         self._form_incidents(now=urgent)
+        # (row id in the store, anomaly) for each that changed
+        self._alert([(self._ids[id(a)], a) for a in anomalies])
+        if form:
+            self._alert([])
+
+    def _alert(self, changes: list[tuple[int, Anomaly]]) -> None:
         if self._on_change is not None:
-            with self._alert_guard:  # (row id in the store, anomaly) for each that changed
-                self._on_change([(self._ids[id(a)], a) for a in anomalies])
+            with self._alert_guard:
+                self._on_change(changes)
 
     def _form_incidents(self, now: bool = True) -> None:
         """The run's live incidents from what the store holds (every attempt's episodes and

@@ -23,7 +23,7 @@ from runwatch.alerting.engine import AlertEngine
 from runwatch.alerting.grouping import Notification
 from runwatch.alerting.payloads import alertmanager_alerts, alertmanager_webhook, slack
 from runwatch.alerting.rules import load_rules, parse_rules
-from runwatch.model import Anomaly
+from runwatch.model import Anomaly, Event
 from runwatch.pipeline.incidents import refresh_incidents
 from runwatch.store import open_store
 
@@ -70,6 +70,14 @@ class LiveRun:
         [anomaly] = [a for a in self.kept if self.ids[id(a)] == row]
         anomaly.end_step, anomaly.is_open = end_step, False
         self._save(anomaly)
+
+    def failure(self, kind: str, step: int, message: str, at: float, rank: int = 0) -> None:
+        """A failure event logged at time ``at``: stored, incidents formed, alerting told."""
+        with open_store(self.store_path) as store:
+            run_id = store.run_id("gpt")
+            store.add_events(run_id, 1, [Event(kind, step, at, message, rank, "node-3")])
+            refresh_incidents(store, run_id, "live")
+        self.engine.observe("gpt", "lm", [])
 
     def _save(self, anomaly: Anomaly) -> int:
         with open_store(self.store_path) as store:
@@ -395,3 +403,60 @@ def test_a_nan_names_its_incident_and_still_leaves_at_once_with_default_rules(
     assert incident["severity"] == "critical" and incident["count"] == 1
     assert first["alerts"][0]["incident_id"] == incident["id"]
     assert first["group_labels"] == {"run": "gpt", "incident": str(incident["id"])}
+
+
+CUDA_CRASH = "RuntimeError: CUDA error: an illegal memory access was encountered at 0x7f3a9c"
+
+
+def test_a_crash_alerts_at_once_in_its_incident_and_a_recurrence_updates_it(
+    store_path: str, clock: Any, receiver: Any
+) -> None:
+    clock.now = time.time()  # failure events carry wall-clock times
+    rules = load_rules(webhook=receiver.url, env={"RUNWATCH_WEBHOOK_SECRET": receiver.secret})
+    engine = AlertEngine(rules, store_path, clock=clock, start=False)
+    live = LiveRun(store_path, engine, clock)
+    try:
+        old = CUDA_CRASH.replace("0x7f3a9c", "0x5e0010")  # the same signature
+        live.failure("crash", 1200, old, at=clock.now - 600)
+        assert live.send() == 0  # logged before this engine started: its process told it
+        live.failure("crash", 2400, CUDA_CRASH, at=clock.now)
+        assert live.send() == 1  # critical: no group_wait
+        clock.advance(30)
+        assert live.send() == 1  # told, so over: resolved at the next update
+        clock.advance(600)
+        live.failure("crash", 3600, CUDA_CRASH.replace("0x7f3a9c", "0x11aa02"), at=clock.now)
+        assert live.send() == 1  # the same signature: the same incident, updated at once
+    finally:
+        engine.sender.close()
+    first, resolved, again = bodies(receiver)
+    alert = first["alerts"][0]
+    assert (alert["detector"], alert["severity"], alert["step"]) == ("crash", "critical", 2400)
+    assert alert["id"] is None and alert["event_id"] > 0
+    assert alert["labels"]["rank"] == "0" and alert["labels"]["host"] == "node-3"
+    assert alert["summary"] == f"gpt: crash (rank 0, host node-3): {CUDA_CRASH} at step 2400"
+    assert first["status"] == "firing" and resolved["status"] == "resolved"
+    incident = first["incident"]
+    assert incident["severity"] == "critical" and incident["count"] == 2  # both attempts
+    assert again["incident"]["id"] == incident["id"] and again["incident"]["count"] == 3
+    assert [a["step"] for a in again["alerts"]] == [3600]
+    assert again["group_key"] == first["group_key"] and again["sequence"] == 3
+
+
+def test_a_crash_in_a_real_run_reaches_the_webhook_with_its_incident(
+    receiver: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    monkeypatch.delenv("RUNWATCH_ALERTS", raising=False)
+    monkeypatch.setenv("RUNWATCH_WEBHOOK_SECRET", receiver.secret)
+    run = runwatch.init("gpt", store=tmp_path / "run.db", webhook=receiver.url)
+    try:
+        for step in range(50):
+            run.log({"loss": 3.0 / (1 + step) ** 0.3}, step=step)
+        run.event("crash", message=CUDA_CRASH, rank=3, host="node-1")
+        assert receiver.wait_for(lambda r: r.received, 10), "no alert for the crash"
+    finally:
+        run.finish()
+    first = bodies(receiver)[0]
+    [alert] = first["alerts"]
+    assert (alert["detector"], alert["severity"], alert["step"]) == ("crash", "critical", 49)
+    assert first["incident"]["count"] == 1 and first["incident"]["id"] == alert["incident_id"]
+    assert receiver.bad_signatures == 0
