@@ -84,7 +84,6 @@ def test_pages_in_a_real_browser_and_a_benign_verdict_is_stored(server) -> None:
             expect(card.get_by_test_id("stMetricDelta")).to_have_text(re.compile(r"^\d.* ago$"))
             assert card.locator("svg").count() == 0  # no arrow
             assert "- ago" not in main.inner_text()
-            expect(chart.get_by_text("warning incident")).to_be_visible()
             expect(chart.get_by_text("info incident")).to_have_count(0)
             y_range = chart.evaluate("gd => gd._fullLayout.yaxis.range")
             with open_store(db, readonly=True) as store:

@@ -188,6 +188,8 @@ def _filtered(frame: pd.DataFrame, detectors: list[str], states: list[str]) -> p
     ):
         if chosen:
             frame = frame[frame[column].isin(chosen)]
+    if frame.empty:
+        return frame
     # Unjudged first, worst first, newest first.
     key = (frame["state"] != "needs verdict").astype(int) * 10 - frame["severity"].map(
         severity_rank
@@ -299,9 +301,17 @@ def anomaly_list() -> None:
     ids = shown["id"].tolist()
     wanted = st.session_state.get("anomaly_id")
     labels = {int(r["id"]): _label(r) for _, r in shown.iterrows()}
+    # Nothing opened until asked for (or sent here from the Run page): the context chart
+    # draws every signal of the run, a cost the inbox above should not pay.
     picked = st.selectbox(
-        "Open anomaly", ids, index=ids.index(wanted) if wanted in ids else 0, format_func=labels.get
+        "Open anomaly",
+        ids,
+        index=ids.index(wanted) if wanted in ids else None,
+        format_func=labels.get,
+        placeholder="pick one to see it with every signal around it",
     )
+    if picked is None:
+        return
     st.session_state["anomaly_id"] = picked
     context(shown[shown["id"] == picked].iloc[0])
 
@@ -313,6 +323,7 @@ if everything.empty:
     st.stop()
 with st.expander(
     f"Every anomaly, one by one · {len(everything):,}",
-    expanded=st.session_state.get("anomaly_id") is not None and incidents.empty,
+    expanded=st.session_state.get("anomaly_id") is not None
+    and st.session_state.get("incident_id") is None,
 ):
     anomaly_list()

@@ -229,8 +229,7 @@ def _show_picked(
         )
         if st.button("Judge it in the Anomalies inbox", key=f"judge-{anomaly_id}"):
             st.session_state["anomaly_id"] = anomaly_id
-            if incident_id is not None:
-                st.session_state["incident_id"] = incident_id
+            st.session_state["incident_id"] = incident_id  # None: opens the anomaly list
             st.switch_page("views/anomalies.py")
 
 
