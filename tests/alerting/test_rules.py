@@ -173,7 +173,7 @@ def test_routes_match_globs_lists_and_min_severity() -> None:
 
 
 def test_routes_may_name_the_fleet_and_stall_detectors() -> None:
-    for detector in ("straggler", "hang", "hardware", "stall"):
+    for detector in ("straggler", "hang", "hardware", "stall", "crash", "oom", "nccl_timeout"):
         text = BASE.replace(
             "  - channels: [ops]", f"  - match: {{detector: {detector}}}\n    channels: [ops]"
         )
