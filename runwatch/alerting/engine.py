@@ -60,6 +60,9 @@ anyway, while a read costs the engine's thread some milliseconds (a pandas frame
 group is due they are read at once, so a message names the incident as it stands."""
 EVENT_ALERTS = tuple(kind for kind in FAILURE_EVENTS if kind != "xid")
 """Failure events alerted as such; an Xid is alerted through the hardware monitor's episode."""
+EVENT_READ_EVERY = 0.5
+"""Seconds between reads of one run's incidents for new failure events: the first crash
+after a quiet spell is read at once, a storm of error-log events twice a second."""
 EVENT_GRACE = 5.0
 """Failure events logged this many seconds before the engine started still alert (clocks of
 hosts differ a little); older ones are an earlier attempt's, told by its own process."""
@@ -90,6 +93,7 @@ class AlertEngine:
         self._event_runs: dict[str, str | None] = {}  # runs whose failure events to read
         self._event_counts: dict[int, int] = {}  # incident id -> count when last read
         self._events_seen: set[int] = set()
+        self._events_read: dict[str, float] = {}  # run -> when its failure events were read
         self._born = clock()
         self._lock = threading.Lock()  # observe (detection thread) vs tick
         self._tick_lock = threading.Lock()  # the engine's thread vs flush() from another
@@ -163,7 +167,13 @@ class AlertEngine:
         for alert, seen in pending:
             if self._with_incident(alert):
                 grouper.add(alert, seen)
-        for run, project in event_runs.items():
+        for run, project in list(event_runs.items()):
+            if now - self._events_read.get(run, float("-inf")) < EVENT_READ_EVERY:
+                del event_runs[run]
+                with self._lock:  # read at a later tick (the worker comes back soon)
+                    self._event_runs.setdefault(run, project)
+                continue
+            self._events_read[run] = now
             for alert in self._event_alerts(run, project, now):
                 grouper.add(alert, now)
         due = grouper.next_due()
@@ -336,6 +346,8 @@ class AlertEngine:
         with self._tick_lock:
             due = self._grouper.next_due()
         pause = 1.0 if due is None else due - self._clock()
+        if self._event_runs:  # failure events waiting for their read
+            pause = min(pause, EVENT_READ_EVERY)
         return min(max(pause, 0.001), SILENCE_REFRESH)
 
     def flush(self, timeout: float = 10.0) -> bool:

@@ -419,6 +419,7 @@ def test_a_crash_alerts_at_once_in_its_incident_and_a_recurrence_updates_it(
         old = CUDA_CRASH.replace("0x7f3a9c", "0x5e0010")  # the same signature
         live.failure("crash", 1200, old, at=clock.now - 600)
         assert live.send() == 0  # logged before this engine started: its process told it
+        clock.advance(1)  # (one run's failure events are read at most twice a second)
         live.failure("crash", 2400, CUDA_CRASH, at=clock.now)
         assert live.send() == 1  # critical: no group_wait
         clock.advance(30)
@@ -460,3 +461,18 @@ def test_a_crash_in_a_real_run_reaches_the_webhook_with_its_incident(
     assert (alert["detector"], alert["severity"], alert["step"]) == ("crash", "critical", 49)
     assert first["incident"]["count"] == 1 and first["incident"]["id"] == alert["incident_id"]
     assert receiver.bad_signatures == 0
+
+
+def test_a_storm_of_error_logs_with_one_signature_is_one_message(
+    live: LiveRun, receiver: Any
+) -> None:
+    for i in range(30):  # 30 error lines in 6 s, one signature (numbers, addresses differ)
+        live.failure("log", 100 + i, f"worker {i}: connection reset by 10.0.0.{i}", live.clock.now)
+        assert live.send() == 0  # warnings: the route's group_wait (10 s) collects them
+        live.clock.advance(0.2)
+    live.clock.advance(10)
+    assert live.send() == 1
+    [msg] = bodies(receiver)
+    assert msg["counts"]["total"] == 30 and msg["counts"]["firing"] == 30
+    assert msg["incident"]["count"] == 30
+    assert {a["detector"] for a in msg["alerts"]} == {"log"}
