@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from runwatch.dashboard.shaping import SEVERITY_BADGE, markdown_text
@@ -185,14 +186,15 @@ def chart_window(first: Any, last: Any, pad_min: int = CHART_PAD) -> tuple[int, 
 
 
 def member_marks(members: pd.DataFrame, metric: str | None) -> pd.DataFrame:
-    """The members the small chart marks: step, severity and a hover label.
+    """The members the small chart marks: step, severity, a hover label and the value the
+    detector observed (where on the curve the mark sits).
 
     Anomalies on the drawn metric sit on its curve; events (crashes, OOMs) and anomalies on
     other metrics are marked at their step too, pinned to the top of the panel (``on_curve``
     False), so every member is visible on the one chart.
     """
     if members.empty:
-        return pd.DataFrame(columns=["step", "severity", "label", "on_curve"])
+        return pd.DataFrame(columns=["step", "severity", "label", "on_curve", "observed"])
     severity = member_severity(members)
     on_curve = (members["kind"] == "anomaly") & (members["metric"] == metric)
     label = [
@@ -205,6 +207,9 @@ def member_marks(members: pd.DataFrame, metric: str | None) -> pd.DataFrame:
             "severity": severity.to_numpy(),
             "label": label,
             "on_curve": on_curve.to_numpy(),
+            "observed": pd.to_numeric(
+                members.get("observed", pd.Series(np.nan, index=members.index)), errors="coerce"
+            ).to_numpy(),
         }
     ).dropna(subset=["step"])
 

@@ -175,3 +175,49 @@ def test_incident_rows_list_open_first_with_badges_and_steps() -> None:
 def test_an_incident_without_steps_has_no_chart_window(bad) -> None:
     assert inbox.chart_window(bad, bad) is None
     assert inbox.steps_text(bad, bad) == ""
+
+
+def test_small_chart_opens_past_the_initial_fall_with_every_member_in_view() -> None:
+    """A spike pattern from step 100 on, over a loss that falls from ~10 to ~3 first: the
+    y-range leaves the fall out, keeps the spikes, and pins the crash inside it."""
+    steps = np.arange(1, 2001)
+    values = 3.0 + 7.0 * np.exp(-steps / 20.0) + 0.01 * np.sin(steps)
+    values[[499, 999, 1499]] *= 1.3  # spikes at steps 500, 1000, 1500
+    series = pd.DataFrame({"step": steps, "value": values, "superseded": False})
+    members = _members(3).assign(step=[500, 1000, 1500, 1700], end_step=[500, 1000, 1500, 1700])
+    fig = incident_figure(series, inbox.member_marks(members, "loss"), "loss")
+    low, high = fig.layout.yaxis.range
+    assert fig.layout.yaxis.autorange is False
+    assert high < values.max() and low < 3.0  # the fall is above the top edge
+    by_name = {t.name: t for t in fig.data}
+    spikes = by_name["warning member"]
+    assert list(spikes.x) == [500, 1000, 1500]
+    assert all(low < v < high for v in spikes.y) and min(spikes.y) > 3.8
+    (pinned,) = by_name["critical member (not on this curve)"].y
+    assert low < pinned < high
+
+
+def test_a_member_sits_on_its_observed_value_on_a_downsampled_curve() -> None:
+    """Downsampled, a spike at step 21 is its bucket's max, kept at step 22, while step 20
+    is nearer: the mark sits on the spike (what the detector saw), not beside it."""
+    steps = np.arange(0, 100, 2)
+    values = np.full(steps.size, 2.0)
+    values[11] = 9.0  # step 22
+    series = pd.DataFrame({"step": steps, "value": values})
+    members = _members(1).iloc[:1].assign(step=[21], end_step=[21], observed=[9.0])
+    (spike,) = [
+        t
+        for t in incident_figure(series, inbox.member_marks(members, "loss"), "loss").data
+        if t.name == "warning member"
+    ]
+    assert list(spike.y) == [9.0]
+    blind = inbox.member_marks(members.drop(columns="observed"), "loss")
+    (spike,) = [
+        t for t in incident_figure(series, blind, "loss").data if t.name == "warning member"
+    ]
+    assert list(spike.y) == [2.0]  # no observed value: the nearest point
+    off_scale = inbox.member_marks(members.assign(observed=[0.3]), "loss")  # a grad norm
+    (spike,) = [
+        t for t in incident_figure(series, off_scale, "loss").data if t.name == "warning member"
+    ]
+    assert list(spike.y) == [2.0]
