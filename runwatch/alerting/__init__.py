@@ -1,7 +1,8 @@
 """Alerting: rules, grouping, silences, a durable outbox, webhooks, and Prometheus export.
 
-Anomaly episodes (from live detection) become alerts; rules route them to channels; groups
-with Alertmanager's timing turn a storm into one message per group; silences and inhibition
+Anomaly episodes and failure events (from live detection) become alerts labelled with their
+incident; rules route them to channels; groups with Alertmanager's timing turn a storm into
+one message per group (by default, one per incident); silences and inhibition
 mute what should not page; the outbox in the store makes delivery at-least-once, across
 crashes. See ``alerts/runwatch-rules.yaml`` for the rules format and ``payloads.py`` for the
 versioned webhook schema.
@@ -27,12 +28,14 @@ Rules files are checked by :func:`runwatch.alerting.rules.load_rules`, which rai
 :class:`RulesError` (a ``ValueError``) naming the file, line and valid values. Receivers can
 check signatures with :func:`runwatch.alerting.channels.verify_signature`.
 
-Modules: ``rules`` (loading, validation), ``alert`` (an episode as an alert), ``grouping``
-(group_wait / group_interval / repeat_interval), ``engine`` (silences, inhibition, outbox
-writes), ``payloads`` (webhook v1, Slack, Alertmanager), ``channels`` (HTTP, signing,
-redaction), ``sender`` (retries, backoff, rate limits), ``exporter`` (/metrics), ``setup``
-(wiring), ``cli`` (``runwatch silence``, ``runwatch alerts test``). Nothing heavy is
-imported by this package itself, so ``runwatch.init`` stays light when alerting is off.
+Modules: ``rules`` (loading, validation), ``alert`` (an episode or failure event as an
+alert), ``grouping`` (group_wait / group_interval / repeat_interval, a group per incident),
+``incidents`` (the store's incidents: labels, benign folds, failure events), ``engine``
+(silences, inhibition, outbox writes), ``payloads`` (webhook v1, Slack, Alertmanager),
+``channels`` (HTTP, signing, redaction), ``sender`` (retries, backoff, rate limits),
+``exporter`` (/metrics), ``setup`` (wiring), ``cli`` (``runwatch silence``, ``runwatch
+alerts test``). Nothing heavy is imported by this package itself, so ``runwatch.init``
+stays light when alerting is off.
 """
 
 from typing import Any

@@ -2,22 +2,19 @@
 
 ``observe`` is called by live detection (from its thread) each time episodes open, grow or
 close, after it has stored them and formed the run's incidents; it only queues the alerts
-and wakes the engine's thread. That thread looks up each episode's incident in the store
-(``store.incident_of``) and labels the alert with it, flushes groups whose time has come
+and wakes the engine's thread (an empty ``changes``: failure events formed incidents). That
+thread labels each alert with its incident, turns new failure events into alerts, folds
+what joins a benign incident (``incidents.py``), flushes groups whose time has come
 (``grouping.py``), drops what is silenced or inhibited, renders one body per channel, with
 the incidents it is about, and writes them to the outbox in one transaction; the
 :class:`Sender` thread delivers from there. ``close`` flushes every group at once (a run
 that finishes does not wait out ``group_wait``) and waits, bounded, for the outbox.
 
-Failure events (crash, OOM, NCCL timeout, hang, Xid, error log) are no episodes: live
-detection forms their incidents and then calls ``observe`` with no changes; the engine reads
-the run's incidents, and each new failure event in one (logged since the engine started)
-becomes an alert of that incident (``alert_from_event``), firing, resolved once told.
-
-Verdicts feed back: a new episode of an incident judged ``benign`` is not alerted (it is
+Verdicts feed back: a new member of an incident judged ``benign`` is not alerted (it is
 still stored and counted in the incident; ``folded`` counts it here and the log says so
 once per incident). ``real`` and ``watch`` incidents alert as open ones do, and a benign
 incident that got a worse member is ``open`` again (``store/incidents.py``), so it alerts.
+A failure event is over once told: it is resolved at the group's next update.
 
 What survives a crash: everything in the outbox. Alerts still inside ``group_wait`` when the
 process is killed are not yet there; their anomalies are in the store, and ``runwatch
@@ -39,13 +36,14 @@ from typing import Any
 
 import httpx
 
-from runwatch.alerting.alert import Alert, alert_from_anomaly, alert_from_event
-from runwatch.alerting.grouping import INCIDENT, Grouper, Notification
+from runwatch.alerting.alert import Alert, alert_from_anomaly
+from runwatch.alerting.grouping import Grouper, Notification
+from runwatch.alerting.incidents import EVENT_READ_EVERY, INCIDENT_REFRESH, IncidentView
 from runwatch.alerting.payloads import group_summary, render
 from runwatch.alerting.rules import Rules, matches
 from runwatch.alerting.sender import Sender
 from runwatch.guard import Guard
-from runwatch.model import FAILURE_EVENTS, Anomaly
+from runwatch.model import Anomaly
 from runwatch.store import Store
 from runwatch.worker import Worker
 
@@ -53,19 +51,6 @@ log = logging.getLogger("runwatch.alerting")
 
 SILENCE_REFRESH = 1.0
 """Seconds between re-reads of the silences table: `runwatch silence add` acts this fast."""
-INCIDENT_REFRESH = 10.0
-"""Seconds between re-reads of the incidents of runs with alerts held, for changes no alert
-brings (a crash event joining, an info member): news that waits for ``group_interval``
-anyway, while a read costs the engine's thread some milliseconds (a pandas frame). When a
-group is due they are read at once, so a message names the incident as it stands."""
-EVENT_ALERTS = tuple(kind for kind in FAILURE_EVENTS if kind != "xid")
-"""Failure events alerted as such; an Xid is alerted through the hardware monitor's episode."""
-EVENT_READ_EVERY = 0.5
-"""Seconds between reads of one run's incidents for new failure events: the first crash
-after a quiet spell is read at once, a storm of error-log events twice a second."""
-EVENT_GRACE = 5.0
-"""Failure events logged this many seconds before the engine started still alert (clocks of
-hosts differ a little); older ones are an earlier attempt's, told by its own process."""
 
 
 class AlertEngine:
@@ -87,14 +72,8 @@ class AlertEngine:
         self._grouper = Grouper(rules)
         self._started: dict[int, float] = {}
         self._pending: list[tuple[Alert, float]] = []  # observed, not yet grouped
-        self._incident_of: dict[int, str] = {}  # alert id -> incident id, while it is open
-        self._incidents: dict[str, dict[str, Any]] = {}  # incident id -> incident_info
-        self._incidents_read = float("-inf")
         self._event_runs: dict[str, str | None] = {}  # runs whose failure events to read
-        self._event_counts: dict[int, int] = {}  # incident id -> count when last read
-        self._events_seen: set[int] = set()
-        self._events_read: dict[str, float] = {}  # run -> when its failure events were read
-        self._born = clock()
+        self.incidents = IncidentView(lambda: self.store, clock())
         self._lock = threading.Lock()  # observe (detection thread) vs tick
         self._tick_lock = threading.Lock()  # the engine's thread vs flush() from another
         self._store: Store | None = None
@@ -102,10 +81,6 @@ class AlertEngine:
         self._silences_read = float("-inf")
         self.sender = Sender(store_path, rules, clock=clock, rng=rng, client=client)
         self.enqueued = 0
-        self.folded = 0
-        """Members of benign incidents (episodes, failure events) that were not alerted
-        (they are in the store)."""
-        self.folded_by_incident: Counter[int] = Counter()
         self._close_guard = Guard("flushing alerts at close", log)
         # A flush at once, then when observe() wakes it or the next group is due.
         self._worker = Worker(
@@ -120,6 +95,15 @@ class AlertEngine:
         if self._store is None:
             self._store = Store(self.store_path)
         return self._store
+
+    @property
+    def folded(self) -> int:
+        """Members of benign incidents not alerted (they are in the store, counted)."""
+        return self.incidents.folded
+
+    @property
+    def folded_by_incident(self) -> Counter[int]:
+        return self.incidents.folded_by_incident
 
     # -- input -------------------------------------------------------------------------------
     def observe(
@@ -163,30 +147,29 @@ class AlertEngine:
         with self._lock:
             pending, self._pending = self._pending, []
             event_runs, self._event_runs = self._event_runs, {}
-        grouper = self._grouper
+        grouper, incidents = self._grouper, self.incidents
         for alert, seen in pending:
-            if self._with_incident(alert):
+            if incidents.label(alert, grouper.holds(alert.id)):
                 grouper.add(alert, seen)
         for run, project in list(event_runs.items()):
-            if now - self._events_read.get(run, float("-inf")) < EVENT_READ_EVERY:
+            if not incidents.may_read_events(run, now):
                 del event_runs[run]
                 with self._lock:  # read at a later tick (the worker comes back soon)
                     self._event_runs.setdefault(run, project)
                 continue
-            self._events_read[run] = now
-            for alert in self._event_alerts(run, project, now):
+            for alert in incidents.event_alerts(run, project, now):
                 grouper.add(alert, now)
         due = grouper.next_due()
         runs = grouper.runs()
         if runs:
             fresh = everything or (due is not None and due <= now)
-            if fresh or now - self._incidents_read >= INCIDENT_REFRESH:
-                self._read_incidents(runs - set(event_runs), now)  # those were just read
-                grouper.note_incidents(self._incidents, runs, now)
+            if fresh or now - incidents.read_at >= INCIDENT_REFRESH:
+                incidents.read(runs - set(event_runs), now)  # those were just read
+                grouper.note_incidents(incidents.infos, runs, now)
         notes = grouper.due(now, self._visibility(), everything=everything)
         if not notes:
             return 0
-        notes = [replace(note, incidents=self._incidents_in(note)) for note in notes]
+        notes = [replace(note, incidents=incidents.of_note(note)) for note in notes]
         for note in notes:  # a failure event is over once told: resolved at the next update
             for alert in note.alerts:
                 if alert.event and alert.status == "firing":
@@ -197,99 +180,6 @@ class AlertEngine:
         log.info("runwatch: %d alert messages queued (%d groups)", written, len(notes))
         self.sender.wake()
         return written
-
-    # -- incidents ---------------------------------------------------------------------------
-    def _with_incident(self, alert: Alert) -> bool:
-        """Label ``alert`` with its incident; False if it is to fold quietly (a new episode
-        of a benign incident)."""
-        try:
-            found = self.store.incident_of(alert.id)
-        except Exception as exc:  # no incidents to be had: alert as before, by detector
-            log.debug("runwatch: no incident for anomaly %d: %s", alert.id, exc)
-            found = None
-        held = self._grouper.holds(alert.id)
-        if found is None:
-            known = self._incident_of.get(alert.id) if held else None
-            if known is not None:
-                alert.labels[INCIDENT] = known  # not re-formed yet: it stays where it was
-            return True
-        incident, status = found
-        if status == "benign" and not held:
-            self._fold(alert.run, incident, f"anomaly {alert.id}")
-            return False
-        alert.labels[INCIDENT] = str(incident)
-        if alert.status == "firing":
-            self._incident_of[alert.id] = str(incident)
-        else:
-            self._incident_of.pop(alert.id, None)
-        return True
-
-    def _fold(self, run: str, incident: int, what: str) -> None:
-        """Count (and log, once per incident) a member of a benign incident not alerted."""
-        self.folded += 1
-        self.folded_by_incident[incident] += 1
-        if self.folded_by_incident[incident] == 1:
-            log.info(
-                "runwatch: run %s: incident %d is benign; its new members fold in without "
-                "an alert (they are stored and counted)",
-                run,
-                incident,
-            )
-        log.debug("runwatch: %s folded into benign incident %d", what, incident)
-
-    def _event_alerts(self, run: str, project: str | None, now: float) -> list[Alert]:
-        """Alerts for the failure events new in the run's incidents since the last read."""
-        try:
-            frame = self.store.incidents(run, source="live")
-        except Exception as exc:  # an unknown run, a store being migrated: not fatal
-            log.debug("runwatch: cannot read the incidents of run %r: %s", run, exc)
-            return []
-        out = []
-        for row in frame.to_dict("records"):
-            info = incident_info(row)
-            iid = info["id"]
-            self._incidents[str(iid)] = info
-            kinds = (row.get("details") or {}).get("kinds") or []
-            if not any(k.startswith("event:") and k[6:] in FAILURE_EVENTS for k in kinds):
-                continue
-            if self._event_counts.get(iid) == info["count"]:
-                continue  # no new member since the last read
-            self._event_counts[iid] = info["count"]
-            try:
-                members = self.store.incident_members(iid)
-            except Exception as exc:  # merged away since: the next read has it
-                log.debug("runwatch: cannot read incident %d: %s", iid, exc)
-                continue
-            for event in members[members["kind"] == "event"].to_dict("records"):
-                eid = int(event["member_id"])
-                if eid in self._events_seen or event["what"] not in EVENT_ALERTS:
-                    continue
-                self._events_seen.add(eid)
-                if not float(event["time"]) >= self._born - EVENT_GRACE:
-                    continue  # an earlier attempt's: its own process told it
-                if info["status"] == "benign":
-                    self._fold(run, iid, f"event {eid} ({event['what']})")
-                    continue
-                severity = FAILURE_EVENTS[str(event["what"])]
-                out.append(alert_from_event(event, severity, iid, run, project, now))
-        return out
-
-    def _read_incidents(self, runs: set[str], now: float) -> None:
-        """The live incidents of ``runs`` as the store has them now."""
-        self._incidents_read = now
-        for run in sorted(runs):
-            try:
-                frame = self.store.incidents(run, source="live")
-            except Exception as exc:  # an unknown run, a store being migrated: not fatal
-                log.debug("runwatch: cannot read the incidents of run %r: %s", run, exc)
-                continue
-            for row in frame.to_dict("records"):
-                self._incidents[str(int(row["id"]))] = incident_info(row)
-
-    def _incidents_in(self, note: Notification) -> tuple[dict[str, Any], ...]:
-        ids = {a.labels.get(INCIDENT) for a in note.alerts} | {note.group_labels.get(INCIDENT)}
-        found = [self._incidents[i] for i in ids if i and i in self._incidents]
-        return tuple(sorted(found, key=lambda info: info["id"]))
 
     def _messages(self, note: Notification) -> list[tuple[str, str, str, str]]:
         out = []
@@ -387,30 +277,3 @@ class AlertEngine:
             self._store.close()
             self._store = None
         return done
-
-
-def incident_info(row: dict[str, Any]) -> dict[str, Any]:
-    """What a message says of an incident, from a row of ``store.incidents``: plain JSON."""
-    hypotheses = row.get("hypotheses") or []
-    details = row.get("details") or {}
-    return {
-        "id": int(row["id"]),
-        "run": row.get("run"),
-        "title": row.get("title"),
-        "status": row.get("status"),
-        "severity": row.get("severity"),
-        "count": int(row["count"]),
-        "first_step": _int(row.get("first_step")),
-        "last_step": _int(row.get("last_step")),
-        "is_active": bool(row.get("is_active")),
-        "summary": details.get("summary") or None,
-        "top_hypothesis": dict(hypotheses[0]) if hypotheses else None,
-        "verdict_note": row.get("verdict_note") or None,
-        "reopened": details.get("reopened") or None,
-    }
-
-
-def _int(value: Any) -> int | None:
-    if value is None or value != value:  # NaN from a nullable integer column
-        return None
-    return int(value)
