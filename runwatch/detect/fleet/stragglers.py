@@ -13,7 +13,9 @@ The rule, vectorised over ranks (NumPy, one row per step):
 2. A rank is *slow at this step* if ``r > 1 + max(min_excess, k_sigma * spread)``, where
    ``spread`` is the robust cross-rank spread of ratios (1.4826 x MAD) at this step.
 3. A rank is a *straggler* once it was slow in at least ``min_fraction`` of the last
-   ``window`` steps; the episode closes when that falls to ``close_fraction`` or less.
+   ``window`` steps, or -- a short, large slowdown -- slow by ``short_ratio`` or more in
+   ``short_count`` of the last ``short_window`` steps; the episode closes when the first
+   falls to ``close_fraction`` or less and the second has no such step left.
 
 Why persistence rather than size: NVIDIA resiliency-ext flags a rank whose performance is below
 0.75 of the best rank, i.e. at least 33% slower; that catches a dying GPU but not the common
@@ -23,9 +25,11 @@ steps in a window catches a 10% slowdown under 2% step noise with no false accus
 almost never in most of 50.
 
 Catches: persistent or intermittent (>= ``min_fraction * window`` steps in a window) slowdowns
-of one or many ranks (up to just under half the fleet: the median must stay healthy).
+of one or many ranks (up to just under half the fleet: the median must stay healthy), and
+short large ones (a rank at 2x its peers for 7 steps).
 Misses: ranks slower by less than the per-step threshold; slowdowns shorter than
-``min_fraction * window`` steps; half the fleet or more slowing down together (the median
+``min_fraction * window`` steps unless ``short_ratio`` large; half the fleet or more slowing
+down together (the median
 moves with them -- that is a job-wide regression, for the step-time Regression detector).
 The baseline is the fleet at the same step, so nothing is learned from a straggler: there is
 no baseline to protect. Memory is O(window x ranks), whatever the length of the run.
@@ -86,6 +90,9 @@ class StragglerDetector:
         critical_slowdown: float = 1.25,
         min_ranks: int = 4,
         metric: str = "step_time",
+        short_ratio: float = 1.75,
+        short_count: int = 5,
+        short_window: int = 8,
     ) -> None:
         check_number("window", window, low=2, integer=True)
         check_number("min_fraction", min_fraction, low=0.05, high=1.0)
@@ -94,6 +101,9 @@ class StragglerDetector:
         check_number("k_sigma", k_sigma, low=0.0)
         check_number("critical_slowdown", critical_slowdown, low=1.0)
         check_number("min_ranks", min_ranks, low=3, integer=True)
+        check_number("short_ratio", short_ratio, low=1.0)
+        check_number("short_window", short_window, low=1, high=window, integer=True)
+        check_number("short_count", short_count, low=1, high=short_window, integer=True)
         self.window = window
         self.min_fraction = min_fraction
         self.close_fraction = close_fraction
@@ -102,6 +112,9 @@ class StragglerDetector:
         self.critical_slowdown = critical_slowdown
         self.min_ranks = min_ranks
         self.metric = metric
+        self.short_ratio = short_ratio
+        self.short_count = short_count
+        self.short_window = short_window
         self._reset()
 
     def _reset(self) -> None:
@@ -184,12 +197,14 @@ class StragglerDetector:
         if open_cols.size:
             gap = np.where(ok[open_cols], x[open_cols] - med, 0.0)
             self._lost[open_cols] += np.maximum(gap, 0.0)
+        big_n = self._big_counts()
         changed: list[Anomaly] = []
-        for col in np.flatnonzero((self._slow_n >= self._open_at) & ~self._is_open).tolist():
+        opening = (self._slow_n >= self._open_at) | (big_n >= self.short_count)
+        for col in np.flatnonzero(opening & ~self._is_open).tolist():
             changed.append(self._open_episode(col, int(step), med, threshold))
         for col in open_cols.tolist():
             ep = self._open[col]
-            if self._slow_n[col] <= self._close_at:
+            if self._slow_n[col] <= self._close_at and big_n[col] == 0:
                 ep.is_open = False
                 ep.details["recovered"] = True
                 self._is_open[col] = False
@@ -211,6 +226,14 @@ class StragglerDetector:
         return out
 
     # -- internals -------------------------------------------------------------------------
+    def _big_counts(self) -> np.ndarray:
+        """Per rank, its steps among the last ``short_window`` that were slow by
+        ``short_ratio`` or more (the short, large slowdown rule)."""
+        filled = min(self._t, self.short_window)
+        idx = [(self._t - 1 - j) % self.window for j in range(filled)]
+        big = self._slow[idx] & (self._ratio[idx] >= self.short_ratio)
+        return big.sum(axis=0)
+
     def _grow(self, n: int) -> None:
         extra = n - self._n
         w = self.window

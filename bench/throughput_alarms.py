@@ -1,0 +1,277 @@
+"""Throughput and step-time alarms on real clean runs, and recall of injected slowdowns.
+
+    python bench/throughput_alarms.py                      # the table, before vs after
+    python bench/throughput_alarms.py --before /tmp/wt-before --seeds 3
+    python bench/throughput_alarms.py --export /tmp/tput_runs/clean.db   # refresh the data
+
+What it measures (issue 17, item 6), for the code of this checkout ("after") and of an
+older checkout ("before", ``git worktree add /tmp/wt-before 8ca7193`` with its ``.pyx``
+built in place), each in a subprocess that imports only its own checkout:
+
+1. False alarms: regression episodes of severity warning or worse, per 100,000 clean
+   steps, on the tiny-LM runs made on this loaded 2-core machine
+   (``bench/data/tiny_lm_clean/*.csv.gz``: ``step_time_s`` and ``tokens_per_s`` of
+   ``examples/train_tiny_lm.py``, 1,500 steps each) and on the step-time / throughput
+   series of the real runs in ``../shared/data/real_runs`` (quiet GPU clusters; episodes
+   on the real events that ``bench/detection.py`` lists in ``KNOWN_EVENTS`` are not false).
+   Info episodes are counted beside them.
+2. Recall: copies of the clean tiny-LM runs with a slowdown injected at a seeded random
+   position (step time x1.5 for 50 steps, x1.2 for 300 steps; tokens/s divided alike),
+   also into the real runs' step time. Caught = a regression episode on the slowed
+   series that starts inside the slowdown; recall at warning+ and at any severity, and the
+   median delay (steps from the slowdown's start). Each seed places every slowdown anew;
+   the spread over seeds is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+CLEAN = ROOT / "bench" / "data" / "tiny_lm_clean"
+REAL = ROOT.parent / "shared" / "data" / "real_runs"
+KINDS = (("x1.5/50", 1.5, 50), ("x1.2/300", 1.2, 300))
+THROUGHPUT = ("step_time", "throughput")
+
+
+# ---------------------------------------------------------------- data
+def export(db: str, out: Path = CLEAN, steps: int = 1500) -> list[str]:
+    """Write each complete tiny-LM run of ``db`` to ``out/<run>.csv.gz`` (long format)."""
+    sys.path.insert(0, str(ROOT))
+    import runwatch
+
+    store = runwatch.open_store(db, readonly=True)
+    out.mkdir(parents=True, exist_ok=True)
+    done = []
+    for name in store.runs()["name"]:
+        pts = store.read_points(name, ["step_time_s", "tokens_per_s"])
+        if pts.empty or pts.groupby("metric")["step"].nunique().min() < steps:
+            continue  # a run that crashed or was cut short is not a clean run
+        df = pts[["step", "metric", "value"]].copy()
+        df.insert(0, "run", name)
+        df.to_csv(out / f"{name}.csv.gz", index=False, float_format="%.6g")
+        done.append(name)
+    return done
+
+
+def clean_runs() -> dict[str, pd.DataFrame]:
+    return {p.name.split(".")[0]: pd.read_csv(p) for p in sorted(CLEAN.glob("*.csv.gz"))}
+
+
+def real_runs() -> dict[str, pd.DataFrame]:
+    """The real runs' step-time and throughput series (incident excerpts excluded)."""
+    from runwatch.detect.roles import role_of
+
+    out = {}
+    for path in sorted(REAL.glob("*.csv")):
+        if path.stem.startswith("incident_"):
+            continue
+        df = pd.read_csv(path)
+        keep = [m for m in df["metric"].unique() if role_of(m) in THROUGHPUT]
+        if keep:
+            out[path.stem] = df[df["metric"].isin(keep)][["step", "metric", "value"]]
+    return out
+
+
+# ---------------------------------------------------------------- measuring
+def _episodes(df: pd.DataFrame):
+    from runwatch.detect import analyze_frame
+
+    return [a for a in analyze_frame(df) if a.detector == "regression"]
+
+
+def _warn(a) -> bool:
+    return a.severity in ("warning", "critical")
+
+
+def false_alarms(runs: dict[str, pd.DataFrame], known=None) -> dict:
+    warn = info = steps = 0
+    where = []
+    for run, df in runs.items():
+        steps += int(df["step"].max() - df["step"].min()) + 1
+        for a in _episodes(df):
+            if known is not None and known(run, a.metric, a.start_step, a.end_step):
+                continue
+            if _warn(a):
+                warn += 1
+                where.append(f"{run}:{a.metric}@{a.start_step}")
+            else:
+                info += 1
+    per = 100_000 / max(steps, 1)
+    return {"steps": steps, "warn": warn, "info": info, "warn_100k": warn * per,
+            "info_100k": info * per, "where": where[:20]}  # fmt: skip
+
+
+def inject(df: pd.DataFrame, factor: float, dur: int, rng: np.random.Generator, lo: int = 200):
+    """A copy of ``df`` slowed by ``factor`` for ``dur`` steps from a random step: step times
+    multiplied, throughputs divided. Returns the copy, the first and the last slowed step."""
+    from runwatch.detect.roles import role_of
+
+    steps = np.sort(df["step"].unique())
+    t0 = int(steps[int(rng.integers(lo, steps.size - dur - 1))])
+    t1 = int(steps[np.searchsorted(steps, t0) + dur - 1])
+    out = df.copy()
+    inside = (out["step"] >= t0) & (out["step"] <= t1)
+    for m in out["metric"].unique():
+        role = role_of(m)
+        sel = inside & (out["metric"] == m)
+        if role == "step_time":
+            out.loc[sel, "value"] *= factor
+        elif role == "throughput":
+            out.loc[sel, "value"] /= factor
+    return out, t0, t1
+
+
+def _overlapping(eps, t0: int, t1: int) -> list:
+    return [a for a in eps if a.start_step <= t1 and a.end_step >= t0]
+
+
+def recall(runs: dict[str, pd.DataFrame], seed: int, repeats: int) -> dict:
+    """Per slowdown kind: the share caught at warning+ and at any severity, the median
+    delay at warning+ and how many trials were masked (the clean copy already had a
+    warning+ episode over the slowdown's steps: those are left out of the warning+
+    recall). Caught: an episode overlaps the slowdown that the clean copy has not (at that
+    severity); its delay counts from the later of its start and the slowdown's."""
+    rng = np.random.default_rng(seed)
+    base = {run: _episodes(df) for run, df in runs.items()}
+    res = {}
+    for label, factor, dur in KINDS:
+        warn = anyc = n = masked = 0
+        delays = []
+        for run, df in runs.items():
+            if df["step"].nunique() < dur + 400:
+                continue
+            for _ in range(repeats):
+                faulty, t0, t1 = inject(df, factor, dur, rng)
+                eps = _overlapping(_episodes(faulty), t0, t1)
+                clean = _overlapping(base[run], t0, t1)
+                n += 1
+                old = {(a.metric, a.start_step) for a in clean}
+                anyc += any((a.metric, a.start_step) not in old or _warn(a) for a in eps)
+                if any(_warn(a) for a in clean):
+                    masked += 1
+                    continue
+                w = [a for a in eps if _warn(a)]
+                if w:
+                    warn += 1
+                    delays.append(max(min(a.start_step for a in w), t0) - t0)
+        res[label] = {"n": n, "masked": masked, "warn": warn / max(n - masked, 1),
+                      "any": anyc / max(n, 1),
+                      "delay": float(np.median(delays)) if delays else None}  # fmt: skip
+    return res
+
+
+def measure(seeds: list[int], repeats: int) -> dict:
+    import runwatch.detect  # from PYTHONPATH, before detection.py puts this checkout first
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from detection import _alarm_is_known
+
+    print(f"measuring {runwatch.detect.__file__}", file=sys.stderr)
+
+    clean, real = clean_runs(), real_runs()
+    return {
+        "clean": false_alarms(clean),
+        "real": false_alarms(real, _alarm_is_known),
+        "recall_clean": {s: recall(clean, s, repeats) for s in seeds},
+        "recall_real": {s: recall(real, s, repeats) for s in seeds},
+        "runs": len(clean),
+    }
+
+
+# ---------------------------------------------------------------- the table
+def _in(code: Path, seeds: list[int], repeats: int) -> dict:
+    """``measure`` run in a subprocess that imports runwatch from ``code`` only."""
+    env = dict(os.environ, PYTHONPATH=str(code))
+    args = [sys.executable, __file__, "--measure", "--seeds", ",".join(map(str, seeds)),
+            "--repeats", str(repeats)]  # fmt: skip
+    # The data and the known events come from this checkout; the detectors from ``code``.
+    out = subprocess.run(args, env=env, capture_output=True, text=True, check=True, cwd="/")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _spread(xs: list[float]) -> str:
+    lo, hi = min(xs), max(xs)
+    return f"{np.mean(xs):.2f}" + ("" if lo == hi else f" ({lo:.2f}-{hi:.2f})")
+
+
+def table(results: dict[str, dict]) -> str:
+    rows = ["| figure | goal | " + " | ".join(results) + " |",
+            "|---|---|" + "---|" * len(results)]  # fmt: skip
+
+    def row(name, goal, f):
+        rows.append(f"| {name} | {goal} | " + " | ".join(f(r) for r in results.values()) + " |")
+
+    first = next(iter(results.values()))
+    c, r = first["clean"], first["real"]
+    row(
+        f"warnings per 100k clean steps, {first['runs']} tiny-LM CPU runs ({c['steps']} steps)",
+        "<= 1",
+        lambda x: f"{x['clean']['warn_100k']:.0f} ({x['clean']['warn']})",
+    )
+    row("info episodes per 100k, same runs", "-",
+        lambda x: f"{x['clean']['info_100k']:.0f}")  # fmt: skip
+    row(
+        f"warnings per 100k steps, real GPU runs' step time ({r['steps']} steps)",
+        "<= 1",
+        lambda x: f"{x['real']['warn_100k']:.1f} ({x['real']['warn']})",
+    )
+    for where, key in (("tiny-LM CPU runs", "recall_clean"), ("real GPU runs", "recall_real")):
+        for label, _, _ in KINDS:
+            n = first[key][next(iter(first[key]))][label]["n"]
+            for sev in ("warn", "any"):
+                row(
+                    f"recall {label}, {where}, {'warning+' if sev == 'warn' else 'any severity'}"
+                    f" ({n} per seed)",
+                    ">= 0.95" if sev == "warn" else "-",
+                    lambda x, k=key, lb=label, s=sev: _spread([v[lb][s] for v in x[k].values()]),
+                )
+            row(
+                f"median delay {label}, {where}, warning+ (steps)",
+                "-",
+                lambda x, k=key, lb=label: _spread(
+                    [v[lb]["delay"] for v in x[k].values() if v[lb]["delay"] is not None]
+                    or [float("nan")]
+                ),
+            )
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--before", default="/tmp/wt-before", help="the older checkout")
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--repeats", type=int, default=3, help="slowdowns per run, kind and seed")
+    p.add_argument("--export", metavar="DB", help="export the clean tiny-LM runs of DB")
+    p.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.export:
+        print("\n".join(export(args.export)))
+        return 0
+    seeds = [int(s) for s in args.seeds.split(",")]
+    if args.measure:
+        print(json.dumps(measure(seeds, args.repeats)))
+        return 0
+    results = {}
+    if Path(args.before, "runwatch").is_dir():
+        results["before (8ca7193)"] = _in(Path(args.before), seeds, args.repeats)
+    else:
+        print(f"no older checkout at {args.before}: the table has no anchor", file=sys.stderr)
+    results["after"] = _in(ROOT, seeds, args.repeats)
+    print(table(results))
+    for name, res in results.items():
+        print(f"\n{name}: clean-run warnings at {res['clean']['where']}")
+        print(f"{name}: real-run warnings at {res['real']['where']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
