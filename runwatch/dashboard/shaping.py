@@ -239,19 +239,31 @@ def runs_summary(
     latest: Mapping[str, float | None],
     forecasts: Mapping[str, Mapping[str, Any] | None],
     now: float,
+    incidents: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """The Runs page table: one row per run, newest first.
 
     ``latest`` maps run -> loss now; ``forecasts`` run -> the forecast dict (expected_now,
-    predicted, lower, upper, eta_seconds) or None.
+    predicted, lower, upper, eta_seconds) or None. A run with ``incidents`` is judged by
+    them (health from the unresolved ones, "open" = incidents waiting for a verdict); a
+    run without any (stored before incidents existed) by its anomalies.
     """
     rows = []
     for rec in runs.itertuples(index=False):
         mine = anomalies[anomalies["run"] == rec.name] if len(anomalies) else anomalies
+        own = (
+            incidents[incidents["run"] == rec.name]
+            if incidents is not None and len(incidents)
+            else None
+        )
+        if own is not None and len(own):
+            mine = own
+            open_n = int((own["status"] == "open").sum())
+        else:
+            open_n = len(unresolved(mine)) if len(mine) else 0
         fc = forecasts.get(rec.name) or {}
         last_time = rec.last_time if pd.notna(rec.last_time) else None
         age = None if last_time is None else now - float(last_time)
-        open_n = len(unresolved(mine)) if len(mine) else 0
         loss_now = latest.get(rec.name)
         expected_now = fc.get("expected_now")
         rows.append(
@@ -260,7 +272,11 @@ def runs_summary(
                 "run": rec.name,
                 "status": rec.status,
                 "last step": None if pd.isna(rec.last_step) else int(rec.last_step),
-                "age": format_age(age) if rec.status == "running" else format_age(age) + " ago",
+                "age": (
+                    format_age(age)
+                    if rec.status == "running" or age is None
+                    else format_age(age) + " ago"
+                ),
                 "loss now": loss_now,
                 "vs expected": (
                     None

@@ -221,3 +221,33 @@ def test_a_member_sits_on_its_observed_value_on_a_downsampled_curve() -> None:
         t for t in incident_figure(series, off_scale, "loss").data if t.name == "warning member"
     ]
     assert list(spike.y) == [2.0]
+
+
+def test_runs_table_counts_open_incidents_and_judges_health_by_them() -> None:
+    from runwatch.dashboard.shaping import runs_summary
+
+    runs = pd.DataFrame(
+        {
+            "name": ["a", "old"],
+            "status": ["finished", "finished"],
+            "last_step": [1000, 500],
+            "last_time": [100.0, None],
+            "attempts": [1, 1],
+        }
+    )
+    anomalies = pd.DataFrame(
+        {
+            "run": ["a"] * 3 + ["old"],
+            "severity": ["critical", "critical", "warning", "warning"],
+            "verdict": [None, None, None, None],
+        }
+    )
+    incidents = _incidents(
+        [(1, "benign", "critical", 10, 20, "a"), (2, "open", "info", 30, 40, "a")]
+    ).assign(verdict=["benign", None])
+    table = runs_summary(runs, anomalies, {}, {}, 200.0, incidents).set_index("run")
+    # Run a: the critical pattern was judged benign; one info incident waits.
+    assert table.loc["a", "open"] == 1 and table.loc["a", "health"] == "healthy"
+    # A run without incidents (stored before them) is judged by its anomalies.
+    assert table.loc["old", "open"] == 1 and table.loc["old", "health"] == "warning"
+    assert table.loc["old", "age"] == "-"  # no time logged: no "- ago"

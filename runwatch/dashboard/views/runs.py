@@ -44,13 +44,14 @@ def runs_panel() -> None:
             )
             return
         anomalies = data.anomalies(db)
+        incidents = data.incidents(db)
         latest, forecasts = _loss_figures(runs["name"].tolist())
-    table = shaping.runs_summary(runs, anomalies, latest, forecasts, data.now())
+    table = shaping.runs_summary(runs, anomalies, latest, forecasts, data.now(), incidents)
     c = st.columns(4)
     c[0].metric("Runs", len(table))
     c[1].metric("Running", int((table["status"] == "running").sum()))
     c[2].metric("Critical", int((table["health"] == "critical").sum()))
-    c[3].metric("Open anomalies", int(table["open"].sum()))
+    c[3].metric("Open incidents", int(table["open"].sum()))
     event = st.dataframe(
         table.style.map(_health_style, subset=["health"]),
         hide_index=True,
@@ -74,7 +75,9 @@ def runs_panel() -> None:
             ),
             "band": st.column_config.TextColumn("90% band"),
             "open": st.column_config.NumberColumn(
-                "open anomalies", help="anomalies without a verdict, or judged real"
+                "open incidents",
+                help="incidents waiting for a verdict (a run stored before incidents: "
+                "its anomalies without one, or judged real)",
             ),
         },
     )
@@ -85,5 +88,8 @@ def runs_panel() -> None:
         st.switch_page("views/run.py")
 
 
-st.caption("Select a row to open the run. Health comes from anomalies nobody has judged yet.")
+st.caption(
+    "Select a row to open the run. Health comes from incidents nobody has judged yet, or "
+    "judged real."
+)
 runs_panel()
