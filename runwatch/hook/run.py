@@ -213,7 +213,8 @@ class Run:
             if context is not None and (
                 type(context) is not dict or context != self._context_given
             ):
-                self._queue_context(context)
+                self._log_with_context(data, step, n, context)
+                return
             flow = self._flow
             queued = flow.queued + n
             if queued - flow.drained > self._max_pending:
@@ -260,18 +261,47 @@ class Run:
         except Exception:  # never raise into the training loop
             self._drops.add("not_a_dict")
 
-    def _queue_context(self, context: Any) -> None:
-        """A context= that differs from the last one: queue a copy (the writer checks it)."""
+    def _log_with_context(self, data: Mapping[str, Any], step: int, n: int, context: Any) -> None:
+        """``log`` with a context that differs from the last one: a copy of it and the call
+        go on the queue as one item (one wake-up of the writer, which checks the context).
+
+        Few calls on purpose: after a training step's work every call here runs with cold
+        caches, at several microseconds each (bench/README-logging.md)."""
+        update: ContextUpdate | None = ContextUpdate()
         try:
             given = dict(context) if isinstance(context, Mapping) else context
+            update.values = given  # type: ignore[union-attr]
+            update.time = _now()  # type: ignore[union-attr]
             # Kept for the next comparison only when it holds plain values: comparing dicts
             # that hold arrays would raise in the training thread. The writer only reads it.
-            plain = type(given) is dict and all(type(v) in _PLAIN for v in given.values())
-            self._context_given = given if plain else None
-            self._put(ContextUpdate(given, _now()))
-        except Exception:  # never raise into the training loop
+            self._context_given = given if type(given) is dict else None
+            for value in given.values():
+                if type(value) not in _PLAIN:
+                    self._context_given = None
+                    break
+        except Exception:  # not a mapping; never raise into the training loop
             self._context_given = None
             self._drops.add("bad_context")
+            self._drops.warn_once(
+                "context",
+                "runwatch: context= needs a dict of str, int, float or bool values; got a "
+                "%s; dropped (bad_context)",
+                type(context).__name__,
+            )
+            update = None
+        flow = self._flow
+        queued = flow.queued + n
+        if queued - flow.drained > self._max_pending:
+            self._drops.add("queue_full", n)
+            if update is not None:  # the points are dropped, the context still holds
+                self._put(update)
+            return
+        flow.queued = queued
+        if update is None:
+            self._put((step, _now(), data.copy()))
+        else:
+            update.log = (step, update.time, data.copy())
+            self._put(update)
 
     # -- the rest of the API -----------------------------------------------------------------
     def context(self, values: Mapping[str, Any] | None = None, /, **more: Any) -> None:
@@ -285,9 +315,11 @@ class Run:
         try:
             if not self._accepting:
                 return
-            merged = {**values, **more} if values is not None else more
+            update = ContextUpdate()
+            update.values = {**values, **more} if values is not None else more
+            update.time = _now()
             self._context_given = None  # the next context= is compared with nothing
-            self._put(ContextUpdate(merged, _now()))
+            self._put(update)
         except Exception:  # never raise into the training loop
             self._drops.add("bad_context")
             self._drops.warn_once(

@@ -60,14 +60,16 @@ class BatchSink(Protocol):
 
 
 class ContextUpdate:
-    """Queued by ``run.log(context=)`` and ``run.context()``: keys to merge into the step
-    context at the next logged step (None removes a key); unchecked until the writer."""
+    """Queued by ``run.log(context=)`` and ``run.context()``: ``values`` to merge into the
+    step context at the next logged step (None removes a key), unchecked until the writer;
+    ``log`` is the ``run.log`` call it came with, ``(step, time, data)``, if any. Its fields
+    are set after it is made: no ``__init__`` to call in the training thread."""
 
-    __slots__ = ("time", "values")
+    __slots__ = ("log", "time", "values")
 
-    def __init__(self, values: Any, time: float) -> None:
-        self.values = values
-        self.time = time
+    values: Any
+    time: float
+    log: tuple[Any, float, dict[Any, Any]] | None
 
 
 def _plain(value: Any) -> Any:
@@ -173,6 +175,8 @@ class Writer:
                 self._take_labeled(*item)
         elif type(item) is ContextUpdate:
             self._take_context(item)
+            if getattr(item, "log", None) is not None:
+                self._take_log(*item.log)
         elif isinstance(item, Event):
             if item.rank is None and item.host is None and self._labels:
                 # an event belongs to the process that logged it: its rank and host

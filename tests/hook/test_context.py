@@ -79,6 +79,7 @@ def test_refused_values_are_counted_and_the_good_keys_kept(tmp_path, caplog):
     assert dropped == {"bad_context": 5}
     assert _rows(db) == [(0, None, {"shard": "s1"}), (3, None, {"shard": 2.5, "ok": True})]
     assert "step context 'ids': value is a list" in caplog.text
+    assert "context= needs a dict of str, int, float or bool values; got a str" in caplog.text
     with open_store(str(db), readonly=True) as store:
         assert store.drops("r") == {"bad_context": 5}
         assert len(store.read_series("r", "loss")) == 4  # the points were all kept
