@@ -14,8 +14,10 @@ The rule, vectorised over ranks (NumPy, one row per step):
    ``spread`` is the robust cross-rank spread of ratios (1.4826 x MAD) at this step.
 3. A rank is a *straggler* once it was slow in at least ``min_fraction`` of the last
    ``window`` steps, or -- a short, large slowdown -- slow by ``short_ratio`` or more in
-   ``short_count`` of the last ``short_window`` steps; the episode closes when the first
-   falls to ``close_fraction`` or less and the second has no such step left.
+   ``short_count`` of the last ``short_window`` steps (by default 7 in a row at 1.75x: on
+   ten ranks sharing two loaded cores a healthy rank was at most 6 steps in a row that
+   slow, ``bench/data/ddp10_straggler.csv``); the episode closes when the first falls to
+   ``close_fraction`` or less and the second has no such step left.
 
 Why persistence rather than size: NVIDIA resiliency-ext flags a rank whose performance is below
 0.75 of the best rank, i.e. at least 33% slower; that catches a dying GPU but not the common
@@ -91,8 +93,8 @@ class StragglerDetector:
         min_ranks: int = 4,
         metric: str = "step_time",
         short_ratio: float = 1.75,
-        short_count: int = 5,
-        short_window: int = 8,
+        short_count: int = 7,
+        short_window: int = 7,
     ) -> None:
         check_number("window", window, low=2, integer=True)
         check_number("min_fraction", min_fraction, low=0.05, high=1.0)
@@ -201,7 +203,8 @@ class StragglerDetector:
         changed: list[Anomaly] = []
         opening = (self._slow_n >= self._open_at) | (big_n >= self.short_count)
         for col in np.flatnonzero(opening & ~self._is_open).tolist():
-            changed.append(self._open_episode(col, int(step), med, threshold))
+            short = bool(self._slow_n[col] < self._open_at)
+            changed.append(self._open_episode(col, int(step), med, threshold, short))
         for col in open_cols.tolist():
             ep = self._open[col]
             if self._slow_n[col] <= self._close_at and big_n[col] == 0:
@@ -228,7 +231,10 @@ class StragglerDetector:
     # -- internals -------------------------------------------------------------------------
     def _big_counts(self) -> np.ndarray:
         """Per rank, its steps among the last ``short_window`` that were slow by
-        ``short_ratio`` or more (the short, large slowdown rule)."""
+        ``short_ratio`` or more (the short, large slowdown rule), once ``window`` steps
+        are known: a job's first steps (start-up, the first collectives) are erratic."""
+        if self._t < self.window:
+            return np.zeros(self._n, dtype=np.int64)
         filled = min(self._t, self.short_window)
         idx = [(self._t - 1 - j) % self.window for j in range(filled)]
         big = self._slow[idx] & (self._ratio[idx] >= self.short_ratio)
@@ -250,9 +256,9 @@ class StragglerDetector:
             setattr(self, name, np.concatenate([getattr(self, name), np.zeros(extra, dtype)]))
         self._n = n
 
-    def _onset(self, col: int) -> int:
-        """The first slow step of this rank still in the window."""
-        filled = min(self._t, self.window)
+    def _onset(self, col: int, last: int) -> int:
+        """The first slow step of this rank among the ``last`` steps of the window."""
+        filled = min(self._t, last)
         order = [(self._t - filled + k) % self.window for k in range(filled)]
         for i in order:
             if self._slow[i, col]:
@@ -263,11 +269,13 @@ class StragglerDetector:
         n = int(self._valid_n[col])
         return float(self._ratio_sum[col] / n) if n else math.nan
 
-    def _open_episode(self, col: int, step: int, med: float, threshold: float) -> Anomaly:
+    def _open_episode(
+        self, col: int, step: int, med: float, threshold: float, short: bool = False
+    ) -> Anomaly:
         labels = self._labels.get(col) or {"rank": col}
         self._is_open[col] = True
         self._lost[col] = 0.0
-        onset = self._onset(col)
+        onset = self._onset(col, self.short_window if short else self.window)
         ep = Anomaly(
             detector=self.name,
             metric=self.metric,
