@@ -27,7 +27,10 @@ JUDGED: tuple[str, ...] = tuple(s for s in INCIDENT_STATUSES if s != "open")
 CHART_PAD = 60
 """Steps of context, at least, on each side of an incident's span in its small chart."""
 MEMBER_COLUMNS = ("step", "severity", "what", "metric", "message")
-NO_HYPOTHESES = "No hypotheses: nothing to compare (no hosts, ranks or step context vary)."
+NO_HYPOTHESES = (
+    "No hypotheses: no attribute (host, rank, GPU, step context) whose exposure is known "
+    "to compare the occurrences against."
+)
 
 
 def _rank(severity: Any) -> int:
@@ -133,7 +136,7 @@ def facts(incident: pd.Series | dict[str, Any]) -> str:
 def hypothesis_lines(incident: pd.Series | dict[str, Any], limit: int = 3) -> list[str]:
     """The incident's candidate causes as Markdown lines, best first: cause, score and
     evidence; then the one-line summary ("likely ..." or "no clear cause ..."). An incident
-    with nothing to compare (one run-level series, no hosts, ranks or step context) says so.
+    without any says why (``NO_HYPOTHESES``).
 
     >>> hypothesis_lines({"hypotheses": [], "details": {}}) == [NO_HYPOTHESES]
     True
