@@ -155,17 +155,26 @@ def hypothesis_lines(incident: pd.Series | dict[str, Any], limit: int = 3) -> li
     return lines
 
 
-def main_metric(members: pd.DataFrame, fallback: str | None = None) -> str | None:
+def main_metric(
+    members: pd.DataFrame, fallback: str | None = None, available: Sequence[str] | None = None
+) -> str | None:
     """The metric an incident's small chart draws: the one most of its anomaly members are
     on (on a tie ``fallback`` if it is among them, else the first), else ``fallback`` (the
-    run's loss, for crash incidents).
+    run's loss, for crash incidents). Only ``available`` metrics count when given: a hang
+    is flagged on a "progress" the run never logged as a series.
 
     >>> m = pd.DataFrame({"kind": ["anomaly", "anomaly", "anomaly", "event"],
     ...     "metric": ["step_time_s", "grad_norm", "loss", None]})
     >>> main_metric(m, "loss"), main_metric(m, "lr"), main_metric(m.iloc[3:], "loss")
     ('loss', 'step_time_s', 'loss')
+    >>> main_metric(m, "loss", available=["grad_norm", "loss"])
+    'loss'
+    >>> main_metric(m.iloc[[0, 1]], "loss", available=["loss"])
+    'loss'
     """
     metrics = members.loc[members["kind"] == "anomaly", "metric"].dropna() if len(members) else []
+    if available is not None and len(metrics):
+        metrics = metrics[metrics.isin(list(available))]
     if len(metrics) == 0:
         return fallback
     counts = pd.Series(metrics).value_counts(sort=False)

@@ -125,8 +125,9 @@ def card(inc: pd.Series, *, chart: bool) -> None:
 def small_chart(inc: pd.Series, members: pd.DataFrame) -> None:
     run = inc["run"]
     with ui.guarded(db):
-        loss = shaping.metrics_by_role(data.metrics(db, run)).get("loss")
-        metric = inbox.main_metric(members, loss)
+        logged = data.metrics(db, run)
+        loss = shaping.metrics_by_role(logged).get("loss")
+        metric = inbox.main_metric(members, loss, logged)
         window = inbox.chart_window(inc["first_step"], inc["last_step"])
         if metric is None or window is None:
             st.caption("Nothing to draw: no metric or no step.")
