@@ -384,8 +384,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {part}", file=sys.stderr, flush=True)
             rows += benches[part](args, Path(tmp))
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    print(f"bench/incidents.py {' '.join(parts)}{' --quick' if args.quick else ''}: {when}, ")
-    print(f"this tree {commit} (working tree as is), before {args.before}; load {os.getloadavg()}")
+    print(f"bench/incidents.py {' '.join(parts)}{' --quick' if args.quick else ''}: {when}")
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout.strip()
+    state = "with uncommitted changes" if dirty else "clean"
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"this tree {commit} ({state}), before {args.before}; load {load}")
     print("| figure | goal | measured | met |")
     print("| --- | --- | --- | --- |")
     for row in rows:
