@@ -467,7 +467,7 @@ def _add_anomalies(
                     "color": "white" if rec.severity != "critical" else color,
                 },
             },
-            hovertext=[f"#{int(rec.id)} {rec.message}"],
+            hovertext=[rec.message if noun == "incident" else f"#{int(rec.id)} {rec.message}"],
             hovertemplate="%{hovertext}<extra>" + rec.severity + "</extra>",
         )
         shown.add((rec.severity, noun))

@@ -260,18 +260,15 @@ def incident_members(db: str, incident_id: int) -> pd.DataFrame:
 
 @st.cache_data(ttl=LIVE_TTL, show_spinner=False)
 def incident_membership(db: str, run: str) -> pd.DataFrame:
-    """anomaly_id -> incident_id for the run's incidents: which incident each drawn
-    anomaly belongs to (one read per incident; a run has a handful, not hundreds)."""
+    """Every member of the run's incidents with its incident: incident_id, kind, member_id,
+    step, what, message (one read per incident; a run has a handful, not hundreds)."""
     store = reader(db)
-    pairs = [
-        (int(mid), int(iid))
+    columns = ["incident_id", "kind", "member_id", "step", "what", "message"]
+    parts = [
+        store.incident_members(int(iid)).assign(incident_id=int(iid))[columns]
         for iid in store.incidents(run)["id"]
-        for kind, mid in store.incident_members(int(iid))[["kind", "member_id"]].itertuples(
-            index=False
-        )
-        if kind == "anomaly"
     ]
-    return pd.DataFrame(pairs, columns=["anomaly_id", "incident_id"])
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
 
 
 @st.cache_data(ttl=LIVE_TTL, show_spinner=False)

@@ -272,23 +272,39 @@ def open_count(incidents: pd.DataFrame) -> int:
     return 0 if incidents.empty else int((incidents["status"] == "open").sum())
 
 
+MARK_COLUMNS = [
+    "id",
+    "metric",
+    "start_step",
+    "end_step",
+    "severity",
+    "observed",
+    "message",
+    "state",
+    "incident",
+]
+"""What the run chart needs of a mark (``charts.anomaly_marks``), plus its incident."""
+
+
 def incident_anomalies(
     anomalies: pd.DataFrame,
     incidents: pd.DataFrame,
     membership: pd.DataFrame,
     show_info: bool = False,
+    event_metric: str | None = None,
 ) -> tuple[pd.DataFrame, int]:
-    """The run chart's marks, one per anomaly member of each incident drawn, and how many
+    """The run chart's marks, one per member of each incident drawn, and how many
     incidents were left undrawn.
 
     An incident is drawn when it is warning or worse, or always with ``show_info``; its
     members take its severity, its status (as a triage state: a judged incident's marks
     fade) and its title, so a 37-spike pattern reads as one incident. Anomalies the
     incidents do not hold yet (live forming runs every few seconds) are drawn as themselves,
-    by the same severity rule. ``membership`` maps ``anomaly_id`` to ``incident_id``.
+    by the same severity rule. Event members (crashes, OOMs, hangs) are marked on
+    ``event_metric``'s panel (the top one) with a negative id (minus the event's id), so a
+    crash-only incident is on the chart too. ``membership`` is ``data.incident_membership``:
+    incident_id, kind, member_id, step, what, message.
     """
-    if anomalies.empty:
-        return anomalies.assign(incident=pd.Series(dtype="Int64")), 0
     drawn_ids = set()
     hidden = 0
     for row in incidents.itertuples(index=False):
@@ -296,28 +312,50 @@ def incident_anomalies(
             drawn_ids.add(int(row.id))
         else:
             hidden += 1
-    owner = dict(zip(membership["anomaly_id"], membership["incident_id"], strict=True))
-    by_id = incidents.set_index("id") if len(incidents) else None
+    is_anomaly = membership["kind"] == "anomaly"
+    owner = dict(
+        zip(
+            membership.loc[is_anomaly, "member_id"],
+            membership.loc[is_anomaly, "incident_id"],
+            strict=True,
+        )
+    )
+    by_id = incidents.set_index("id") if len(incidents) else incidents
+
+    def as_incident(iid: int, message: str) -> dict[str, Any]:
+        inc = by_id.loc[iid]
+        return {
+            "severity": inc["severity"],
+            "state": "needs verdict" if inc["status"] == "open" else inc["status"],
+            "message": f"incident #{iid}: {inc['title']} ({message})",
+            "incident": iid,
+        }
+
     rows = []
     for rec in anomalies.to_dict("records"):
         iid = owner.get(rec["id"])
-        if iid is None or by_id is None or iid not in by_id.index:
+        if iid is None or iid not in by_id.index:
             if show_info or rec["severity"] != "info":
                 rows.append({**rec, "incident": None})
-            continue
-        if iid not in drawn_ids:
-            continue
-        inc = by_id.loc[iid]
-        rows.append(
-            {
-                **rec,
-                "severity": inc["severity"],
-                "state": "needs verdict" if inc["status"] == "open" else inc["status"],
-                "message": f"incident #{iid}: {inc['title']} ({rec['message']})",
-                "incident": iid,
-            }
-        )
-    columns = [*anomalies.columns, "incident"]
+        elif iid in drawn_ids:
+            rows.append({**rec, **as_incident(iid, rec["message"])})
+    if event_metric is not None:
+        events = membership[(membership["kind"] == "event") & membership["step"].notna()]
+        for ev in events.itertuples(index=False):
+            iid = int(ev.incident_id)
+            if iid in drawn_ids and iid in by_id.index:
+                step = int(ev.step)
+                rows.append(
+                    {
+                        "id": -int(ev.member_id),
+                        "metric": event_metric,
+                        "start_step": step,
+                        "end_step": step,
+                        "observed": float("nan"),
+                        **as_incident(iid, f"{ev.what}: {ev.message}"),
+                    }
+                )
+    columns = list(dict.fromkeys([*anomalies.columns, *MARK_COLUMNS]))
     return pd.DataFrame(rows, columns=columns), hidden
 
 

@@ -139,11 +139,21 @@ def _anomalies() -> pd.DataFrame:
     )
 
 
+def _membership(anomalies: list[tuple[int, int]], events: tuple = ()) -> pd.DataFrame:
+    """(incident, anomaly id) pairs and (incident, event id, step, kind) events, as
+    ``data.incident_membership`` gives them."""
+    rows = [(i, "anomaly", a, None, "spike", "") for i, a in anomalies]
+    rows += [(i, "event", e, step, kind, "rank 3 exited") for i, e, step, kind in events]
+    return pd.DataFrame(
+        rows, columns=["incident_id", "kind", "member_id", "step", "what", "message"]
+    )
+
+
 def test_run_chart_draws_warning_incidents_by_member_and_hides_info_ones() -> None:
     incidents = _incidents(
         [(1, "benign", "warning", 100, 300, "a"), (2, "open", "info", 400, 400, "a")]
     )
-    membership = pd.DataFrame({"anomaly_id": [11, 12, 13, 14], "incident_id": [1, 1, 1, 2]})
+    membership = _membership([(1, 11), (1, 12), (1, 13), (2, 14)])
     marks, hidden = inbox.incident_anomalies(_anomalies(), incidents, membership)
     # Incident 1's three members (info ones included) as the incident; 15 is in no incident
     # yet and a warning: drawn as itself. Incident 2 (info) is not drawn.
@@ -251,3 +261,32 @@ def test_runs_table_counts_open_incidents_and_judges_health_by_them() -> None:
     # A run without incidents (stored before them) is judged by its anomalies.
     assert table.loc["old", "open"] == 1 and table.loc["old", "health"] == "warning"
     assert table.loc["old", "age"] == "-"  # no time logged: no "- ago"
+
+
+def test_a_crash_only_incident_is_marked_on_the_top_panel_and_opens_on_click() -> None:
+    incidents = _incidents(
+        [(3, "open", "critical", 288, 288, "a"), (4, "open", "info", 300, 300, "a")]
+    )
+    membership = _membership([], events=[(3, 40, 288, "crash"), (4, 41, 300, "log")])
+    no_anomalies = _anomalies().iloc[:0]
+    marks, hidden = inbox.incident_anomalies(
+        no_anomalies, incidents, membership, event_metric="loss"
+    )
+    assert hidden == 1  # the info one
+    (crash,) = marks.to_dict("records")
+    assert (crash["id"], crash["metric"], crash["start_step"], crash["incident"]) == (
+        -40,
+        "loss",
+        288,
+        3,
+    )
+    assert crash["message"] == "incident #3: incident 3 (crash: rank 3 exited)"
+    fig = run_figure(
+        [("loss", pd.DataFrame({"x": np.arange(400), "value": np.linspace(4, 3, 400)}))],
+        anomalies=anomaly_marks(marks, lambda s: s),
+    )
+    (marker,) = [t for t in fig.data if t.customdata is not None]
+    assert list(marker.customdata[0]) == [-40, 3] and marker.name == "critical incident"
+    assert list(marker.x) == [288] and marker.hovertext[0].startswith("incident #3:")
+    # Without a panel for events, only anomalies are marked.
+    assert inbox.incident_anomalies(no_anomalies, incidents, membership)[0].empty

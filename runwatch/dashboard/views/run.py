@@ -173,7 +173,10 @@ def chart() -> None:
         for r in attempts.itertuples()
         if r.attempt > 1 and pd.notna(r.start_step) and lo <= r.start_step <= hi
     ]
-    marked, hidden = inbox.incident_anomalies(anomalies, incidents, membership, show_info)
+    marked, hidden = inbox.incident_anomalies(
+        anomalies, incidents, membership, show_info, event_metric=panel_metrics[0]
+    )
+    marked = marked[(marked["end_step"] >= lo) & (marked["start_step"] <= hi)]
     fig = run_figure(
         [(m, shaping.with_x(f, axis, tps)) for m, f in frames.items()],
         expected=expected,
@@ -211,24 +214,27 @@ def chart() -> None:
 
 
 def _show_picked(
-    anomaly_id: int, incident_id: int | None, anomalies: pd.DataFrame, incidents: pd.DataFrame
+    member_id: int, incident_id: int | None, anomalies: pd.DataFrame, incidents: pd.DataFrame
 ) -> None:
-    """The clicked marker's incident (or, not yet in one, its anomaly) and a way to judge it."""
-    row = anomalies[anomalies["id"] == anomaly_id]
+    """The clicked marker's incident (or, not yet in one, its anomaly) and a way to judge it.
+    A negative ``member_id`` is an event member (a crash) of the incident."""
+    row = anomalies[anomalies["id"] == member_id]
     inc = incidents[incidents["id"] == incident_id] if incident_id is not None else incidents[:0]
-    if row.empty:
+    if row.empty and inc.empty:
         return
-    a = row.iloc[0]
     with st.container(border=True):
         if len(inc):
             st.markdown(inbox.headline(inc.iloc[0]))
             st.caption(inbox.facts(inc.iloc[0]))
-        st.markdown(
-            f"**#{anomaly_id} · {a['severity']} · {a['detector']} on `{a['metric']}`** "
-            f"(steps {a['start_step']}–{a['end_step']})  \n{shaping.markdown_text(a['message'])}"
-        )
-        if st.button("Judge it in the Anomalies inbox", key=f"judge-{anomaly_id}"):
-            st.session_state["anomaly_id"] = anomaly_id
+        if len(row):
+            a = row.iloc[0]
+            st.markdown(
+                f"**#{member_id} · {a['severity']} · {a['detector']} on `{a['metric']}`** "
+                f"(steps {a['start_step']}–{a['end_step']})  \n"
+                f"{shaping.markdown_text(a['message'])}"
+            )
+        if st.button("Judge it in the Anomalies inbox", key=f"judge-{member_id}"):
+            st.session_state["anomaly_id"] = member_id if len(row) else None
             st.session_state["incident_id"] = incident_id  # None: opens the anomaly list
             st.switch_page("views/anomalies.py")
 
