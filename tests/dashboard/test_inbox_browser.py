@@ -180,6 +180,9 @@ def test_benign_in_the_inbox_folds_the_next_spike_in_with_no_alert(
             expect(judged_card.get_by_text(re.compile(r"^4 loss spikes of ×"))).to_be_visible()
             expect(judged_card.get_by_text(re.compile(r" · 4 members · "))).to_be_visible()
             expect(judged_card.get_by_text("benign by", exact=False)).to_be_visible()
+            # Its current verdict is the highlighted button; another click would change it.
+            current = judged_card.get_by_role("button", name="Benign", exact=True)
+            expect(current).to_have_attribute("kind", "primary")
             page.screenshot(path=str(ARTIFACTS / "inbox-after-fold.png"), full_page=True)
         finally:
             browser.close()
