@@ -27,7 +27,7 @@ context rows the run stored (checked against what each case should store); then 
 block of the isolated loop per case, the least noisy figure when the machine is loaded.
 
     python bench/context_overhead.py [--repeats 5] [--tight-steps 50000] [--slow-steps 300]
-        [--root PATH]
+        [--root PATH] [--loops isolated tight "per step"]
 
 ``--root`` measures another checkout (a "before" figure for ``no context``: a runwatch
 without step context runs that case only), e.g. ``--root /tmp/rw/base``.
@@ -159,8 +159,12 @@ def main() -> None:
     parser.add_argument("--slow-steps", type=int, default=300)
     parser.add_argument("--busy-ms", type=float, default=10.0)
     parser.add_argument("--root", help="the checkout to measure (default: this one)")
+    parser.add_argument(
+        "--loops", nargs="+", default=["isolated", "tight", "per step"], help="which loops"
+    )
     args = parser.parse_args()
-    loops = {"isolated": args.tight_steps, "tight": args.tight_steps, "per step": args.slow_steps}
+    sizes = {"isolated": args.tight_steps, "tight": args.tight_steps, "per step": args.slow_steps}
+    loops = {loop: sizes[loop] for loop in args.loops}
     walls: dict[tuple[str, str], list[float]] = {}
     cpus: dict[tuple[str, str], list[float]] = {}
     stored: dict[tuple[str, str], tuple[int, int]] = {}
