@@ -180,7 +180,8 @@ def bench_scenario(args: argparse.Namespace, tmp: Path) -> list[tuple[str, str, 
             "scenario crash incidents",
             f"= crash signatures ({n_sig})",
             f"{found['crash_incidents']} crash incidents of {found['incidents']} "
-            f"({found['open']} open); {anchor}",
+            f"({found['open']} open); runwatch's signatures of the crash events: "
+            f"{found['runwatch_signatures']}; {anchor}",
             _met(found["crash_incidents"] == n_sig),
         )
     )
@@ -190,12 +191,14 @@ def bench_scenario(args: argparse.Namespace, tmp: Path) -> list[tuple[str, str, 
 def judge_scenario(db: Path, truth: dict[str, Any]) -> dict[str, Any]:
     """Per cause: which incidents hold its crash events, and their top hypotheses."""
     sys.path.insert(0, str(ROOT))
+    from runwatch.detect.fingerprint import signature
     from runwatch.store import open_store
 
     with open_store(db, readonly=True) as store:
         run = truth["run"]
         incidents = store.incidents(run, source="replay")
         members = {int(i): store.incident_members(int(i)) for i in incidents["id"]}
+        events = store.events(run, kinds=list(CRASH_KINDS))
     crash_ids = [
         i
         for i, m in members.items()
@@ -208,6 +211,8 @@ def judge_scenario(db: Path, truth: dict[str, Any]) -> dict[str, Any]:
         # Each cause prints one message text with its numbers, ids and ends varying:
         # one signature per cause, by construction of the scenario.
         "crash_signatures": len(truth["causes"]),
+        # What runwatch's fingerprint makes of the crash events (one per cause is right).
+        "runwatch_signatures": len({signature(m or "") for m in events["message"]}),
         "causes": {},
         "crash_incident_titles": [
             str(incidents.loc[incidents["id"] == i, "title"].iloc[0]) for i in crash_ids
