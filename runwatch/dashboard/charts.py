@@ -674,21 +674,6 @@ def run_figure_height(panels: int) -> int:
     return 460 if panels <= 1 else 360 + 150 * (panels - 1)
 
 
-def drawn_anomalies(anomalies: pd.DataFrame, show_info: bool = False) -> pd.DataFrame:
-    """The anomalies the run chart marks: warnings and critical ones always, info-level ones
-    only when asked for. A healthy run has many info findings (small blips that never turn
-    it orange, ``shaping.health_of``); drawn as markers they bury the few that matter. The
-    lists under the chart and the Anomalies page still have them all.
-
-    >>> a = pd.DataFrame({"severity": ["info", "warning", "critical"]})
-    >>> drawn_anomalies(a)["severity"].tolist()
-    ['warning', 'critical']
-    """
-    if show_info or anomalies.empty:
-        return anomalies
-    return anomalies[anomalies["severity"] != "info"]
-
-
 def anomaly_marks(anomalies: pd.DataFrame, to_x: Any) -> pd.DataFrame:
     """Anomalies as chart marks: id, metric, x0, x1, y, severity, message, state, and the
     incident id when the frame has one (``inbox.incident_anomalies``).

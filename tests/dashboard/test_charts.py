@@ -8,7 +8,6 @@ import pytest
 
 from runwatch.dashboard.charts import (
     anomaly_marks,
-    drawn_anomalies,
     focus_range,
     run_figure,
 )
@@ -307,10 +306,3 @@ def test_focus_works_on_the_wall_time_axis() -> None:
     anomalies = _anomalies().assign(metric="loss", observed=[np.nan, 3.0])
     fig = run_figure([("loss", frame)], anomalies=anomaly_marks(anomalies, to_time), focus=["loss"])
     assert fig.layout.yaxis.range[1] < 4.0 and fig.layout.xaxis.type == "date"
-
-
-def test_info_level_anomalies_are_not_drawn_unless_asked_for() -> None:
-    anomalies = _anomalies().assign(severity=["info", "warning"])
-    assert drawn_anomalies(anomalies)["id"].tolist() == [9]
-    assert drawn_anomalies(anomalies, show_info=True)["id"].tolist() == [7, 9]
-    assert drawn_anomalies(anomalies.iloc[:0]).empty
