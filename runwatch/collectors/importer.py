@@ -9,8 +9,11 @@ Attempts, as in the hook: a series (metric and labels) whose step goes back star
 attempt of its run, or joins it when another series already started it (so every series of a
 restart lands in one attempt, and a file written metric by metric is read as one attempt).
 A series first seen later joins the latest attempt. A step context row goes back when its
-step is below the highest step its rank has reached in its attempt; events and contexts
-belong to the attempt their rank is in at their place in the file. ``--append`` makes the
+step is below the highest step its rank has reached in its attempt; a run-wide one (no
+rank) in a file whose points have ranks, when it is below the step of every rank in the
+latest attempt (so a row written just before the restarted ranks' points starts their
+attempt, and ranks a step apart do not). Events and contexts belong to the attempt their
+rank is in at their place in the file. ``--append`` makes the
 file's first attempt a new attempt of the stored run.
 
 Step context rows merge into the context in force for their run and rank (a null value
@@ -82,6 +85,7 @@ class _Run:
         self.run_id = run_id
         self.attempts = [attempt]
         self.ranks: dict[Any, list[int]] = {}  # rank -> [attempt index, highest step]
+        self.ranked = False  # whether some series of the run has a rank
         self.context: dict[Any, dict[str, Any]] = {}  # rank -> context in force
         self.kept: dict[Any, tuple[int, dict[str, Any]]] = {}  # rank -> last row stored
 
@@ -163,6 +167,7 @@ class _Importer:
             run = self.run(key[0])
             sid = self.store.series_id(run.run_id, key[1], labels)
             state = self.series[key] = _Series(run, sid, labels["rank"])
+            run.ranked = run.ranked or labels["rank"] is not None
             self.summary.series[run.name].add(key[1:])
         return state
 
@@ -229,7 +234,11 @@ class _Importer:
         run = self.run(record.run)
         if isinstance(record, EventRow):
             high = run.ranks.get(record.rank)
-            attempt = len(run.attempts) - 1 if high is None else high[0]
+            if record.rank is None and run.ranked:  # run-wide: where the ranks have got to
+                ranked = [a for rank, (a, _) in run.ranks.items() if rank is not None]
+                attempt = max(ranked, default=len(run.attempts) - 1)
+            else:
+                attempt = len(run.attempts) - 1 if high is None else high[0]
             event = Event(
                 record.kind,
                 record.step,
@@ -244,9 +253,22 @@ class _Importer:
             return
         self._context(run, record)
 
+    def _run_wide(self, run: _Run, row: ContextRow) -> int:
+        """The attempt of a run-wide context row in a file whose points have ranks."""
+        ranked = [high for rank, high in run.ranks.items() if rank is not None]
+        if not ranked:
+            return len(run.attempts) - 1
+        latest = max(attempt for attempt, _ in ranked)
+        lowest = min(step for attempt, step in ranked if attempt == latest)
+        if row.step < lowest:
+            return self.after(run, latest, row.step, "a run-wide step context")
+        return latest
+
     def _context(self, run: _Run, row: ContextRow) -> None:
         high = run.ranks.get(row.rank)
-        if high is None:
+        if row.rank is None and run.ranked:
+            attempt = self._run_wide(run, row)
+        elif high is None:
             attempt = len(run.attempts) - 1
         elif row.step < high[1]:
             attempt = self.after(run, high[0], row.step, "a step context")

@@ -167,3 +167,23 @@ def test_a_bad_event_or_context_line_is_exit_2_naming_it_and_writes_nothing(
         assert store.contexts("r").empty
         assert store.events("r", kinds=["note"]).empty
         assert len(store.read_points("r")) == 3
+
+
+def test_a_run_wide_context_row_goes_back_with_the_ranks(tmp_path, db_path):
+    rows = []
+    for step in range(0, 8):
+        if step in (0, 4):
+            rows.append({"run": "r", "step": step, "context": {"shard": f"a{step}"}})
+        rows += [_point(step, "step_time", 0.5, rank=rank) for rank in (0, 1)]
+    # restarted from step 3: the run-wide row comes first, then the ranks' points
+    rows.append({"run": "r", "step": 3, "context": {"shard": "b3"}})
+    rows += [_point(s, "step_time", 0.6, rank=r) for s in range(3, 6) for r in (1, 0)]
+    src = _jsonl(tmp_path / "ranks.jsonl", rows)
+    assert main(["import", str(src), "--db", str(db_path)]) == 0
+    with open_store(str(db_path), readonly=True) as store:
+        attempts = store.attempts("r")
+        contexts = store.contexts("r")
+        exposure = store.context_exposure("r")
+    assert attempts["start_step"].tolist() == [0, 3]
+    assert contexts[["step", "attempt"]].values.tolist() == [[0, 1], [3, 2], [4, 1]]
+    assert exposure == {"shard": {"a0": 3, "b3": 3}}

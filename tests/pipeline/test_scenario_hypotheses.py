@@ -145,11 +145,6 @@ def test_crash_incidents_equal_crash_signatures(scenario):
     assert len(titles) == len(scenario["truth"]["causes"]), list(titles)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="import: run-wide context rows (no rank) never go back with the ranks' steps, so "
-    "all of them land in attempt 1 and the first restart supersedes them",
-)
 def test_run_wide_context_rows_follow_the_restarts(tmp_path):
     src, truth = _generate(tmp_path, "--context-rank", "none")
     db = tmp_path / "runwatch.db"
