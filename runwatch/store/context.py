@@ -154,9 +154,9 @@ class ContextTables:
         self, run: str | int, steps: Sequence[int | None], ranks: Sequence[int | None]
     ) -> list[dict[str, Any]]:
         """The context in force at each ``(step, rank)`` ({} before the first row, or for a
-        step of None). A rank without rows of its own reads the run-wide (rank NULL) rows;
-        a rank of None reads those, else the lowest rank's (rank 0 logs the run-level
-        context, as it logs the run-level metrics)."""
+        step of None). A rank without rows of its own, or None, reads the run-wide (rank
+        NULL) rows, else the lowest rank's (rank 0 logs the run-level context, as it logs
+        the run-level metrics)."""
         if len(steps) != len(ranks):
             raise ValueError(f"steps and ranks differ in length ({len(steps)}, {len(ranks)})")
         by_rank = self._live_contexts(self._resolve(run))  # type: ignore[attr-defined]

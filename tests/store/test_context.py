@@ -134,3 +134,13 @@ def test_a_failed_transaction_leaves_no_context_rows(store):
         store.add_context(run_id, attempt, [StepContext(0, None, None, {"k": 1})])
         raise RuntimeError("boom")
     assert store.contexts("r").empty
+
+
+def test_a_rank_without_rows_reads_the_lowest_ranks_when_none_are_run_wide(store):
+    run_id, attempt = store.start_run("r")
+    store.add_context(
+        run_id,
+        attempt,
+        [StepContext(0, 0, None, {"shard": "zero"}), StepContext(0, 1, None, {"shard": "one"})],
+    )
+    assert store.context_at("r", [3, 3], [5, 1]) == [{"shard": "zero"}, {"shard": "one"}]
