@@ -169,6 +169,26 @@ def recall(runs: dict[str, pd.DataFrame], seed: int, repeats: int) -> dict:
     return res
 
 
+def ddp_figures() -> dict:
+    """On the real 10-rank trace: the ranks Regression warns about (per-rank step time),
+    and the ranks the fleet straggler detector names, with their episodes."""
+    from runwatch.detect import analyze_frame
+    from runwatch.detect.fleet.stragglers import StragglerDetector
+
+    df = pd.read_csv(ROOT / "bench" / "data" / "ddp10_straggler.csv")
+    warned = [a for a in analyze_frame(df) if _warn(a)]
+    wide = df.pivot(index="step", columns="rank", values="value").sort_index()
+    det = StragglerDetector()
+    for step, row in wide.iterrows():
+        det.update(int(step), row.to_numpy())
+    det.finish()
+    return {
+        "regression_ranks": sorted({int(a.labels["rank"]) for a in warned}),
+        "regression_episodes": len(warned),
+        "straggler": [(int(e.labels["rank"]), e.start_step, e.end_step) for e in det.episodes],
+    }
+
+
 def measure(seeds: list[int], repeats: int) -> dict:
     import runwatch.detect  # from PYTHONPATH, before detection.py puts this checkout first
 
@@ -179,12 +199,36 @@ def measure(seeds: list[int], repeats: int) -> dict:
 
     clean, real = clean_runs(), real_runs()
     return {
+        "ddp": ddp_figures(),
         "clean": false_alarms(clean),
         "real": false_alarms(real, _alarm_is_known),
         "recall_clean": {s: recall(clean, s, repeats) for s in seeds},
         "recall_real": {s: recall(real, s, repeats) for s in seeds},
         "runs": len(clean),
     }
+
+
+def natural_slowdowns(runs: dict[str, pd.DataFrame], base: int = 256) -> dict[str, float]:
+    """Per injected kind (factor, duration), how many stretches of the clean step times
+    are already that slow: the median of ``duration`` steps at least ``factor`` x the
+    median of the ``base`` steps before them (after the first 100 steps; overlapping
+    windows counted once), per 100k steps. No detector is involved."""
+    out = {}
+    steps = 0
+    counts = dict.fromkeys([k for k, _, _ in KINDS], 0)
+    for df in runs.values():
+        st = df[df["metric"] == "step_time_s"].sort_values("step")["value"]
+        st = st.reset_index(drop=True)
+        steps += len(st)
+        for label, factor, dur in KINDS:
+            now = st.rolling(dur).median()
+            before = st.shift(dur).rolling(base).median()
+            hit = (now >= factor * before).to_numpy().copy()
+            hit[:100] = False
+            counts[label] += int(np.sum(hit[1:] & ~hit[:-1]) + hit[0])
+    for label in counts:
+        out[label] = counts[label] * 100_000 / max(steps, 1)
+    return out
 
 
 # ---------------------------------------------------------------- the table
@@ -223,6 +267,16 @@ def table(results: dict[str, dict]) -> str:
         f"warnings per 100k steps, real GPU runs' step time ({r['steps']} steps)",
         "<= 1",
         lambda x: f"{x['real']['warn_100k']:.1f} ({x['real']['warn']})",
+    )
+    row(
+        "10-rank CPU DDP trace: ranks with Regression warnings (episodes)",
+        "only rank 3",
+        lambda x: f"{x['ddp']['regression_ranks']} ({x['ddp']['regression_episodes']})",
+    )
+    row(
+        "same trace: straggler episodes (rank, first, last); slowed 180-186 and 380-479",
+        "rank 3, both",
+        lambda x: " ".join(f"{r}:{a}-{b}" for r, a, b in x["ddp"]["straggler"]) or "none",
     )
     for where, key in (("tiny-LM CPU runs", "recall_clean"), ("real GPU runs", "recall_real")):
         for label, _, _ in KINDS:
@@ -267,6 +321,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no older checkout at {args.before}: the table has no anchor", file=sys.stderr)
     results["after"] = _in(ROOT, seeds, args.repeats)
     print(table(results))
+    nat = natural_slowdowns(clean_runs())
+    print(
+        "\nnatural slowdowns already in the clean tiny-LM runs, per 100k steps (a median of"
+        " the kind's duration at least its factor x the median of the 256 steps before): "
+        + ", ".join(f"{k} {v:.0f}" for k, v in nat.items())
+    )
     for name, res in results.items():
         print(f"\n{name}: clean-run warnings at {res['clean']['where']}")
         print(f"{name}: real-run warnings at {res['real']['where']}")
