@@ -216,7 +216,7 @@ def generate(out: TextIO, cfg: Config) -> Truth:
     expected = {
         "data_bug": ["shard=" + BAD_SHARD],
         "failing_host": ["host=" + FAILING_HOST],
-        "flaky_link": sorted("host=" + h for h in LINK_HOSTS),
+        "flaky_link": ["host=" + "+".join(sorted(LINK_HOSTS))],
     }
     for cause, top in expected.items():
         truth.causes[cause] = {"expected_top": top, "crashes": []}

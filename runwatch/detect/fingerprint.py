@@ -79,6 +79,16 @@ RULES: tuple[Rule, ...] = (
         "a PyTorch/glog header ([rank0]:[E321 02:07:08.408 File.cpp:607]) says where and when",
     ),
     (
+        re.compile(r"^ ?[\w.-]+:\d+:\d+ \[\d+\] ?", _M),
+        "",
+        "NCCL's log prefix (host:pid:tid [device]) says where",
+    ),
+    (
+        re.compile(r"(\bNCCL WARN NET/[^\n]*) \((?:Send|Recv)\)$", _M),
+        r"\1",
+        "which end of a network link saw a failed completion says where, not what",
+    ),
+    (
         re.compile(
             r"\bXid \((?:PCI:)?(?:<pci>|[0-9A-Fa-f]{4,8}:[0-9A-Fa-f:.]+)\):? (\d+),"
             r"(?: pid=[^,]*,)?(?: name=[^,]*,)?"

@@ -24,16 +24,20 @@ For a value with exposure share ``p`` and ``k`` of the ``n`` occurrences:
 
 **The threshold** :data:`CLEAR_SCORE` = 2 (odds of 100 to 1). Under chance ``E[BF] = 1``, so by
 Markov's inequality summed over an attribute's values (weights summing to 1) the probability
-that *any* value of an attribute reaches score 2 is at most 1%, for any ``n``. Below it the
-ranking says "no clear cause".
+that *any* value of an attribute reaches score 2 is at most 1%, for any ``n`` (2% for hosts,
+whose pairs are a second family of values). Below it the ranking says "no clear cause".
 
 **Spread.** An attribute is *spread* when its occurrences land on at least
 ``min(SPREAD_VALUES, number of values)`` different values and no value scores above 0 (none is
 more likely than chance): "spread over 8 hosts, so not a host". Crashes spread over the hosts
 point to software or data; crashes concentrated on one host point to hardware.
 
+**Pairs.** Host values are also scored two at a time (:data:`PAIRED`), as one value whose
+share is the two shares summed and whose prior weight is that over ``hosts - 1``; a pair is
+kept only where it scores above both hosts alone. A flaky link shows as its two hosts.
+
 Catches: one value (a shard, a host, a rank) that carries more of the occurrences than its
-share; several values that each do (the two hosts of a flaky link both rank high). Misses:
+share; two hosts that do together (a link between them). Misses:
 causes that are no logged attribute; interactions (shard s17 *on* host n5 only); nested
 attributes are scored apart (a failing rank also makes its host score, lower).
 
@@ -71,6 +75,9 @@ HARDWARE = ("host", "rank", "gpu")
 """Attributes that name hardware: spread over them points to software or data."""
 
 _UNITS = {"host": "ranks", "rank": "ranks", "gpu": "GPUs"}
+
+PAIRED = ("host",)
+"""Attributes whose values are also scored two at a time: a link between two hosts."""
 
 
 @dataclass(frozen=True)
@@ -177,6 +184,8 @@ def rank_hypotheses(
         if note:
             notes.append(note)
         unit = units.get(attribute, "steps")
+        if attribute in PAIRED and len(shares) >= 3:
+            hypotheses += _pairs(attribute, counts, scores, shares, names, n, noun, unit)
         for key, k in counts.items():
             words = _evidence(attribute, names[key], k, n, shares[key], noun, unit)
             hypotheses.append(
@@ -294,6 +303,42 @@ def _counts(
             )
         counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def _pairs(
+    attribute: str,
+    counts: Mapping[str, int],
+    scores: Mapping[str, float],
+    shares: Mapping[str, float],
+    names: Mapping[str, Any],
+    n: int,
+    noun: str,
+    unit: str,
+) -> list[Hypothesis]:
+    """Two values together as one cause (a flaky link between two hosts), kept where the
+    pair explains the occurrences better than either value alone. A pair's prior weight is
+    its share over ``values - 1`` (each value is in that many pairs, so an attribute's
+    pairs together weigh what its single values weigh) and it is scored as one value."""
+    out = []
+    keys = sorted(counts)
+    others = len(shares) - 1
+    for i, a in enumerate(keys):
+        for b in keys[i + 1 :]:
+            k, p = counts[a] + counts[b], shares[a] + shares[b]
+            if p >= 1.0:
+                continue
+            pair_score = score(k, n, p) - math.log10(others)
+            if pair_score <= max(scores[a], scores[b]):
+                continue
+            value = f"{names[a]}+{names[b]}"
+            words = (
+                f"{k} of {n} {_singular(noun, n)} on {_plural(attribute)} {names[a]} and "
+                f"{names[b]} together, which have {_pct(p)} of {unit}: a link between them?"
+            )
+            out.append(
+                Hypothesis(f"{attribute}={value}", attribute, value, pair_score, k, n, p, words)
+            )
+    return out
 
 
 def _pct(p: float) -> str:

@@ -38,8 +38,9 @@ CHAIN_SLACK = 20
 """Episodes this many steps apart or less still co-occur (a slowdown seen a little late)."""
 DIVERGENCE_LOOKBACK = 50
 """A divergence or NaN this many steps after a loss spike is that spike's consequence."""
-XID_AFTERMATH_S = 600.0
-"""NCCL timeouts and crashes this long after an Xid, in its attempt, are its consequences."""
+AFTERMATH_S = 1800.0
+"""Failure events this long after an attempt's first one, in that attempt, are its
+consequences: the peers of a dead rank time out in NCCL's watchdog (10 min by default)."""
 MAX_OCCURRENCES = 1000
 """Occurrences listed in an incident's details; the count is always complete."""
 
@@ -88,7 +89,6 @@ def form_incidents(
     """
     ms = sorted(members, key=Member.order)
     roles = dict(roles or {})
-    sigs = {i: signature(m.message) for i, m in enumerate(ms) if m.kind == "event"}
     parent = list(range(len(ms)))
 
     def find(i: int) -> int:
@@ -109,10 +109,9 @@ def form_incidents(
         chains[find(i)].append(i)
     patterns: dict[str, list[list[int]]] = defaultdict(list)
     for chain in chains.values():
-        patterns[_shape(chain, ms, sigs, roles)].append(chain)
+        patterns[_shape(chain, ms, roles)].append(chain)
     incidents = [
-        _incident(shape, group, ms, sigs, roles, attempt_starts or {})
-        for shape, group in patterns.items()
+        _incident(shape, group, ms, attempt_starts or {}) for shape, group in patterns.items()
     ]
     incidents.sort(key=lambda inc: (inc.first_step is None, inc.first_step or 0, inc.key))
     return incidents
@@ -144,7 +143,7 @@ def _links(ms: Sequence[Member], roles: Mapping[str, str]) -> list[tuple[int, in
                 if 0 <= m.step - (ms[j].step or 0) <= DIVERGENCE_LOOKBACK:
                     out.append((i, j))
     out += _overlaps(ms, roles)
-    out += _xid_aftermath(ms)
+    out += _aftermath(ms)
     return out
 
 
@@ -205,45 +204,50 @@ def _same_device(a: Member, b: Member) -> bool:
     )
 
 
-def _xid_aftermath(ms: Sequence[Member]) -> list[tuple[int, int]]:
+def _aftermath(ms: Sequence[Member]) -> list[tuple[int, int]]:
+    """An attempt's first failure (a crash, OOM, NCCL timeout, hang or Xid; not an error log
+    line) linked to the failures after it in that attempt: one failure seen by many ranks."""
+    by_attempt: dict[Any, list[int]] = defaultdict(list)
+    for i, m in enumerate(ms):
+        if m.kind == "event" and m.what != "log" and m.time is not None:
+            by_attempt[m.attempt].append(i)
     out = []
-    xids = [i for i, m in enumerate(ms) if m.kind == "event" and m.what == "xid"]
-    for i in xids:
-        x = ms[i]
-        if x.time is None:
-            continue
-        for j, m in enumerate(ms):
-            if (
-                m.kind == "event"
-                and m.what in ("nccl_timeout", "crash")
-                and m.attempt == x.attempt
-                and m.time is not None
-                and 0 <= m.time - x.time <= XID_AFTERMATH_S
-            ):
-                out.append((i, j))
+    for found in by_attempt.values():
+        found.sort(key=lambda i: (ms[i].time, ms[i].order()))
+        first = found[0]
+        for j in found[1:]:
+            if ms[j].time - ms[first].time > AFTERMATH_S:  # type: ignore[operator]
+                first = j  # a later, separate failure in a long attempt
+            else:
+                out.append((first, j))
     return out
 
 
+def _cause(chain: Sequence[Member]) -> Member:
+    """The member that leads an occurrence: its first failure event in time (the Xid, not
+    the timeouts it caused), else its first member."""
+    events = [m for m in chain if m.kind == "event" and m.time is not None]
+    if events:
+        return min(events, key=lambda m: (m.time, m.order()))
+    return min(chain, key=Member.order)
+
+
 # ------------------------------------------------------------------ shapes and incidents
-def _member_shape(m: Member, sigs: Mapping[int, str], i: int, drop_rank: bool) -> tuple:
-    if m.kind == "event":
-        return ("event", m.what, sigs[i])
+def _member_shape(m: Member, drop_rank: bool) -> tuple:
     labels = tuple((k, v) for k, v in m.labels if not (drop_rank and k in ("rank", "host", "gpu")))
     return ("anomaly", m.what, m.metric, labels, m.severity)
 
 
-def _shape(
-    chain: list[int], ms: Sequence[Member], sigs: Mapping[int, str], roles: Mapping[str, str]
-) -> str:
+def _shape(chain: list[int], ms: Sequence[Member], roles: Mapping[str, str]) -> str:
     """The chain's pattern: what recurs. Ranks are left out where the chain spans ranks
     (a shared slowdown) or holds events (a signature recurs on any rank)."""
+    cause = _cause([ms[i] for i in chain])
+    if cause.kind == "event":  # a failure recurs as its cause's signature, on any rank
+        return json.dumps([("event", cause.what, signature(cause.message))])
     ranks = {ms[i].label_dict.get("rank") for i in chain if ms[i].kind == "anomaly"}
     spans = len(ranks) > 1
     parts = sorted(
-        {
-            _member_shape(ms[i], sigs, i, spans and _family(ms[i], roles) in _RANKLESS)
-            for i in chain
-        },
+        {_member_shape(ms[i], spans and _family(ms[i], roles) in _RANKLESS) for i in chain},
         key=repr,
     )
     return json.dumps(parts, default=str)
@@ -257,8 +261,6 @@ def _incident(
     shape: str,
     group: list[list[int]],
     ms: Sequence[Member],
-    sigs: Mapping[int, str],
-    roles: Mapping[str, str],
     attempt_starts: Mapping[int, int | None],
 ) -> Incident:
     group.sort(key=lambda chain: ms[chain[0]].order())
@@ -268,9 +270,8 @@ def _incident(
     ends = [m.end_step if m.end_step is not None else m.step for m in members]
     ends = [e for e in ends if e is not None]
     severity = max((m.severity for m in members), key=severity_rank)
-    events = [i for i in everyone if ms[i].kind == "event"]
-    # An Xid is the cause of the timeouts after it: the incident is named for it.
-    lead_event = next((i for i in events if ms[i].what == "xid"), events[0] if events else None)
+    lead = _cause([ms[i] for i in group[0]])
+    lead_event = lead if lead.kind == "event" else None
     occurrences = [_occurrence([ms[i] for i in chain], attempt_starts) for chain in group]
     details: dict[str, Any] = {
         "occurrences": len(group),
@@ -298,13 +299,13 @@ def _incident(
         details["period"] = gaps[len(gaps) // 2]
     return Incident(
         key=hashlib.sha1(shape.encode()).hexdigest()[:20],
-        title=_title(members, details, ms[lead_event] if lead_event is not None else None),
+        title=_title(members, details, lead_event),
         severity=severity,
         first_step=min(steps) if steps else None,
         last_step=max(ends) if ends else None,
         count=len(members),
         members=[(m.kind, m.id) for m in members],
-        signature=sigs.get(lead_event) if lead_event is not None else None,
+        signature=signature(lead_event.message) if lead_event is not None else None,
         is_active=any(m.is_open for m in members),
         details=details,
     )
@@ -313,7 +314,7 @@ def _incident(
 def _occurrence(chain: list[Member], attempt_starts: Mapping[int, int | None]) -> dict[str, Any]:
     """Where one occurrence happened: its step, attempt, rank, host, GPU, and for a failure
     the steps its restart redid (the crash step minus where the next attempt resumed)."""
-    lead = min(chain, key=Member.order)
+    lead = _cause(chain)
     labels = lead.label_dict
     out: dict[str, Any] = {"step": lead.step, "attempt": lead.attempt}
     for k in ("rank", "host", "gpu"):

@@ -64,13 +64,15 @@ def test_failing_host_ranks_first_across_all_shards():
     assert all(h.spread for h in by_attribute(hyps, "shard"))
 
 
-def test_flaky_link_puts_both_hosts_above_anything_else():
+def test_flaky_link_puts_the_pair_then_both_hosts_above_anything_else():
     rng = np.random.default_rng(3)
     occ = [occurrence(int(rng.integers(16, 32)), SHARDS[int(rng.integers(25))]) for _ in range(32)]
     hyps = rank_hypotheses(occ, EXPOSURE, noun="crashes")
-    assert {h.cause for h in hyps[:2]} == {"host=n2", "host=n3"}
-    assert all(h.clear for h in hyps[:2])
-    assert all(not h.clear for h in hyps[2:])
+    assert hyps[0].cause == "host=n2+n3" and hyps[0].k == 32
+    assert "on hosts n2 and n3 together" in hyps[0].evidence
+    assert {h.cause for h in hyps[1:3]} == {"host=n2", "host=n3"}
+    assert all(h.clear for h in hyps[:3])
+    assert all(not h.clear for h in hyps[3:])
     assert not any(h.spread for h in by_attribute(hyps, "host"))
 
 
@@ -171,3 +173,10 @@ def test_score_rejects_impossible_counts():
         score(3, 2, 0.5)
     with pytest.raises(ValueError, match="share must be in"):
         score(1, 2, 0.0)
+
+
+def test_one_failing_host_is_not_blamed_on_a_pair():
+    exposure = {"host": {f"n{i}": 4 for i in range(4)}}
+    ranked = rank_hypotheses([{"host": "n2"}] * 5 + [{"host": "n0"}], exposure, noun="crashes")
+    assert ranked[0].cause == "host=n2"
+    assert not any("+" in h.cause for h in ranked if h.score >= ranked[0].score)

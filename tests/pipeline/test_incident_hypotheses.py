@@ -12,7 +12,7 @@ from runwatch.store.context import StepContext
 
 def _store_run(store, crashes) -> int:
     """A run of 8 ranks on 4 hosts whose shard changes every 100 steps (s00..s29), and a
-    crash event per ``(step, rank, host, message)``."""
+    crash per ``(step, rank, host, message)``, each ending an attempt."""
     run_id, attempt = store.start_run("r")
     rows = [
         StepContext(s, None, float(s), {"shard": f"s{s // 100:02d}"}) for s in range(0, 3000, 100)
@@ -20,11 +20,13 @@ def _store_run(store, crashes) -> int:
     store.add_context(run_id, attempt, rows)
     for rank in range(8):
         store.series_id(run_id, "step_time", {"rank": rank, "host": f"n{rank // 2}"})
-    events = [
-        Event("crash", step, 100.0 + i, message, rank=rank, host=host)
-        for i, (step, rank, host, message) in enumerate(crashes)
-    ]
-    store.add_events(run_id, attempt, events)
+    for i, (step, rank, host, message) in enumerate(crashes):  # each crash ends an attempt
+        crash = Event("crash", step, 100.0 * (i + 1), message, rank=rank, host=host)
+        store.add_events(run_id, attempt, [crash])
+        attempt = store.begin_attempt(run_id, step - 50, "restart")
+        # The restarted process logs its context again from where it resumed.
+        resumed = [StepContext(step - 50, None, None, {"shard": f"s{(step - 50) // 100:02d}"})]
+        store.add_context(run_id, attempt, resumed + [r for r in rows if r.step > step - 50])
     store.set_run_status(run_id, "crashed")
     with store.transaction() as conn:
         conn.execute("UPDATE runs SET last_step = 2999 WHERE id = ?", (run_id,))

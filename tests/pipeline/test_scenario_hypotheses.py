@@ -2,10 +2,8 @@
 known, imported with ``runwatch import`` and analyzed with ``runwatch analyze``.
 
 Each cause must be one incident with the cause ranked first: shard=s17 for the data bug,
-host=n2 for the failing GPU, hosts n1 and n3 (the top two) for the flaky link between them;
-and there must be as many crash incidents as crash signatures (one per cause). The tests
-marked xfail (strict) record what the grouping does today on this input (bench/results/
-incidents.md has the details); they fail loudly once it is fixed, to drop the mark.
+host=n2 for the failing GPU, the pair of hosts n1+n3 for the flaky link between them; and
+there must be as many crash incidents as crash signatures (one per cause).
 """
 
 from __future__ import annotations
@@ -119,27 +117,14 @@ def test_data_bug_crashes_are_one_incident_led_by_the_bad_shard(scenario):
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the occurrence of an Xid chain is led by a peer's NCCL timeout (ordered by kind "
-    "name), so its host is the peer's, and timeouts later than XID_AFTERMATH_S (600 s, the "
-    "NCCL timeout itself) form a second incident",
-)
 def test_failing_host_crashes_are_one_incident_led_by_the_host(scenario):
     _assert_one_incident_led_by(scenario, "failing_host")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the signature keeps NCCL's 'host:pid:tid' prefix host name and the (Send)/(Recv) "
-    "end, so the link's crashes split by host and direction; grouped, a single-value score "
-    "still ranks a rank above the second host (bench/README-incidents.md)",
-)
 def test_flaky_link_crashes_are_one_incident_led_by_its_two_hosts(scenario):
     _assert_one_incident_led_by(scenario, "flaky_link")
 
 
-@pytest.mark.xfail(strict=True, reason="see the failing-host and flaky-link tests")
 def test_crash_incidents_equal_crash_signatures(scenario):
     titles = scenario["incidents"].set_index("id").loc[_crash_incidents(scenario), "title"]
     assert len(titles) == len(scenario["truth"]["causes"]), list(titles)
