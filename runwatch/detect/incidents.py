@@ -363,8 +363,9 @@ def _title(
     if lead_event is not None:
         lead = lead_event
         sig = signature(lead.message)
-        attempts = {m.attempt for m in members if m.kind == "event" and m.attempt is not None}
-        hosts = {m.label_dict.get("host") for m in members} - {None}
+        # Where the occurrences' causes were, not their consequences' (the peers' timeouts).
+        attempts = {o["attempt"] for o in details["at"] if o.get("attempt") is not None}
+        hosts = {o.get("host") for o in details["at"]} - {None}
         where = f" in {len(attempts)} attempts" if len(attempts) > 1 else ""
         where += f" on {len(hosts)} hosts" if len(hosts) > 1 else ""
         # One occurrence reads best as it was logged; several by what they share.

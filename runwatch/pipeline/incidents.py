@@ -176,6 +176,8 @@ def _plural(inc: Incident) -> str:
     kinds = inc.details.get("kinds", [])
     if any(k.endswith(":crash") or k.endswith(":oom") for k in kinds):
         return "crashes"
+    if any(k.startswith("event:") for k in kinds):
+        return "failures"
     return "occurrences"
 
 

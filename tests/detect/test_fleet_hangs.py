@@ -109,3 +109,32 @@ def test_replay_names_the_rank_from_the_superseded_attempt():
     # replay has no clock between points: the hang is seen at the next thing that happened
     assert hangs[0].details["detected_at_time"] == 1900.0
     assert hangs[0].details["stalled_s"] == 1900.0 - (1000.0 + hang_step - 1)
+
+
+def _two_attempts(crash_time: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """16 ranks step to 120 every second from t=1000, the job fails at ``crash_time``, and
+    attempt 2 resumes from step 100 at t=2000 (a restart gap of minutes)."""
+    rows = [("step_time", r, s, 1.0, 1000.0 + s, 1) for s in range(121) for r in range(16)]
+    rows += [("step_time", r, s, 1.0, 2000.0 + s, 2) for s in range(100, 130) for r in range(16)]
+    points = pd.DataFrame(rows, columns=["metric", "rank", "step", "value", "time", "attempt"])
+    events = pd.DataFrame(
+        {
+            "kind": ["nccl_timeout", "restart"],
+            "step": [120, 100],
+            "time": [crash_time, 1990.0],
+            "message": ["Watchdog caught collective operation timeout", ""],
+            "attrs": ["{}", "{}"],
+        }
+    )
+    return points, events
+
+
+def test_the_downtime_after_a_failure_is_no_hang():
+    points, events = _two_attempts(crash_time=1121.0)  # failed right after its last step
+    assert [a for a in fleet_anomalies(points, events) if a.detector == "hang"] == []
+
+
+def test_ranks_stuck_before_a_failure_are_a_hang():
+    points, events = _two_attempts(crash_time=1720.0)  # 10 minutes in NCCL, then the timeout
+    (hang,) = [a for a in fleet_anomalies(points, events) if a.detector == "hang"]
+    assert hang.details["detected_at_time"] == 1720.0

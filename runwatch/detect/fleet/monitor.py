@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from runwatch.detect.fleet.failures import FAILURE_KINDS
 from runwatch.detect.fleet.hangs import HangDetector
 from runwatch.detect.fleet.hardware import HardwareMonitor
 from runwatch.detect.fleet.stragglers import StragglerDetector
@@ -71,6 +72,7 @@ class FleetMonitor:
         self._labels: list[dict[str, Any]] = []
         self._roles: dict[str, bool] = {}
         self._gpu_step: int | None = None
+        self._failed = False  # the attempt ended in a failure: no progress is expected
         self._anomalies: list[Anomaly] = []
         self._seen: set[int] = set()
 
@@ -135,9 +137,16 @@ class FleetMonitor:
                 labels = {k: label_value(v) for k, v in labels.items()}
                 labels = {k: v for k, v in labels.items() if v is not None}
                 out += self.hardware.xid(labels, int(event.step or 0), int(code))
+        elif event.kind in FAILURE_KINDS and not self._failed:
+            # Progress that stopped before the failure was a hang (ranks waiting out the
+            # NCCL timeout); after it the job is down until it restarts, which is no hang.
+            out += self.hangs.check(event.time if event.time == event.time else None)
+            self._failed = True
         elif event.kind in ("restart", "resume"):
             now = event.time if event.time == event.time else None
-            out += self.hangs.check(now)
+            if not self._failed:
+                out += self.hangs.check(now)
+            self._failed = False
             for metric in list(self._pending):
                 out += self._flush(metric)
             for det in self._stragglers.values():
@@ -148,12 +157,14 @@ class FleetMonitor:
 
     def tick(self, now: float | None = None) -> list[Anomaly]:
         """The clock-driven check (call every few seconds live): has progress stopped?"""
+        if self._failed:
+            return []
         return self._keep(self.hangs.check(now))
 
     def finish(self, now: float | None = None) -> list[Anomaly]:
         """Flush and close every open episode; ``now`` runs a last hang check first."""
         out: list[Anomaly] = []
-        if now is not None:
+        if now is not None and not self._failed:
             out += self.hangs.check(now)
         for metric in list(self._pending):
             out += self._flush(metric)
