@@ -26,12 +26,14 @@ def _attach(**options: Any) -> Any:
 use_extras(_attach)
 
 
-def log(data: dict[str, Any], step: int | None = None) -> None:
+def log(
+    data: dict[str, Any], step: int | None = None, context: dict[str, Any] | None = None
+) -> None:
     """``run.log`` on the current run (the one :func:`init` started last)."""
     run = current_run()
     if run is None:
         raise RuntimeError("runwatch.log() called before runwatch.init()")
-    run.log(data, step=step)
+    run.log(data, step=step, context=context)
 
 
 def finish(timeout: float | None = None) -> None:

@@ -81,7 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="load a CSV/JSONL long-format file into a store",
         description="Load a long-format file (columns run,step,metric,value "
         "and optionally time,rank,host,gpu; CSV with a header, or JSONL; "
-        ".gz accepted). The whole file is one transaction: a malformed line "
+        ".gz accepted). JSONL lines may also be events "
+        '({"run","step","event","message","time","rank","host"}) or step context '
+        '({"run","step","context":{...}}, held until it changes); a step that goes back '
+        "starts a new attempt. The whole file is one transaction: a malformed line "
         "is reported with its line number and nothing is written.",
     )
     imp.add_argument("src", metavar="SRC", help="the .csv, .jsonl or .ndjson file (.gz too)")

@@ -158,3 +158,15 @@ def test_a_context_holds_at_most_100_keys(tmp_path):
         assert run.stats()["dropped"] == {"bad_context": 1}
     (row,) = _rows(db)
     assert len(row[2]) == 100 and "k100" not in row[2]
+
+
+def test_the_module_level_log_passes_the_context_on(tmp_path):
+    import runwatch
+    from runwatch.store import open_store
+
+    db = str(tmp_path / "rw.db")
+    with runwatch.init(name="module", store=db, monitor=False):
+        runwatch.log({"loss": 1.0}, step=0, context={"shard": "s01"})
+        runwatch.log({"loss": 0.9}, step=1, context={"shard": "s02"})
+    with open_store(db) as store:
+        assert [c["shard"] for c in store.contexts("module")["context"]] == ["s01", "s02"]
