@@ -148,27 +148,22 @@ cdef class RegressionCore(ValueCore):
             self.since = 0
             self._refresh()
 
-    cdef bint _calibrate(self, double d) noexcept nogil:
+    cdef bint _judge(self) noexcept nogil:
         """Judge each full time scale's shift (its median minus the baseline's) against
-        its calibrated threshold; record the scale nearest to or furthest past it; learn
-        the shifts every ``stride`` points (all of them: a burst that recurs is usual for
-        the run). True: one is unusual."""
+        its calibrated threshold and record the scale nearest to or furthest past it
+        (only flagged points are judged). True: one is unusual."""
         cdef Window* wins[NSCALES]
         cdef Window* hists[NSCALES]
         cdef Py_ssize_t i
         cdef double r, t, best = -INFINITY
         cdef bint unusual = False
-        cdef double shifts[NSCALES]
-        cdef bint full[NSCALES]
         wins[0], wins[1], wins[2] = &self.w0.w, &self.w1.w, &self.w2.w
         hists[0], hists[1], hists[2] = &self.h0.w, &self.h1.w, &self.h2.w
         self.f_shift, self.f_usual, self.f_at = 0.0, self.warn_floor, 0
         for i in range(NSCALES):
-            full[i] = wins[i].n >= self.sc[i]
-            if not full[i]:
+            if wins[i].n < self.sc[i]:
                 continue
             r = wins[i].srt[wins[i].n // 2] - self.center
-            shifts[i] = r
             # Not calibrated yet: nothing is unusual (the threshold is infinite).
             t = self._threshold(hists[i]) if hists[i].n >= self.min_history else INFINITY
             if r > t:
@@ -176,13 +171,25 @@ cdef class RegressionCore(ValueCore):
             if r - t > best or (i == 0 and t == INFINITY):
                 best = r - t
                 self.f_shift, self.f_usual, self.f_at = r, t, i
-        self.tick += 1
-        if self.tick >= self.stride:
-            self.tick = 0
-            for i in range(NSCALES):
-                shifts[i] = shifts[i] if full[i] else NAN
-            self._defer(shifts, d - self.center)
         return unusual
+
+    cdef void _track(self, double d) noexcept nogil:
+        """Every ``stride`` points, queue each full scale's shift and this point's for the
+        histories (all of them: a burst that recurs is usual for the run)."""
+        cdef Window* wins[NSCALES]
+        cdef Py_ssize_t i
+        cdef double shifts[NSCALES]
+        self.tick += 1
+        if self.tick < self.stride:
+            return
+        self.tick = 0
+        wins[0], wins[1], wins[2] = &self.w0.w, &self.w1.w, &self.w2.w
+        for i in range(NSCALES):
+            if wins[i].n >= self.sc[i]:
+                shifts[i] = wins[i].srt[wins[i].n // 2] - self.center
+            else:
+                shifts[i] = NAN
+        self._defer(shifts, d - self.center)
 
     cdef void _defer(self, double* shifts, double point) noexcept nogil:
         """Queue this entry's shifts; learn the entry ``lag`` entries old. The wait keeps
@@ -216,7 +223,7 @@ cdef class RegressionCore(ValueCore):
     cdef Outcome _step(self, double value) noexcept nogil:
         cdef double d, z, c, change
         cdef Py_ssize_t j
-        cdef bint unusual
+        cdef bint unusual, flag
         if not (value > 0 and isfinite(value)):
             return QUIET
         d = self.sign * log(value)
@@ -229,7 +236,6 @@ cdef class RegressionCore(ValueCore):
             return QUIET
         if self.scale == 0.0:
             return ZERO_SCALE  # min_scale 0 and a baseline with no spread
-        unusual = self._calibrate(d)
         z = (d - self.center) / self.scale
         c = z if z > -self.clip else -self.clip
         c = c if c < self.clip else self.clip
@@ -237,9 +243,15 @@ cdef class RegressionCore(ValueCore):
         self._cusum = c if c > 0.0 else 0.0
         change = exp(self.rec.upper_median() - self.center)
         if change == INFINITY:
+            self._track(d)
             return OVERFLOW
         change -= 1.0
-        if self._cusum <= self.h or change < self.min_change:
+        flag = not (self._cusum <= self.h or change < self.min_change)
+        # Judged against the history as it was before this point; both against the
+        # baseline before this point is learned.
+        unusual = self._judge() if flag else False
+        self._track(d)
+        if not flag:
             self.flagged = 0
             if z < self.clip:  # a bad outlier is not learned
                 self._learn(d)
