@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from runwatch.dashboard.server import dashboard_command, free_port, url_of, wait_ready
 from runwatch.demo.runner import run_demo
 from runwatch.store import open_store
 
@@ -59,3 +65,29 @@ def siblings_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
             loss_scale=1.0 - 0.1 * i,
         )
     return path
+
+
+@contextmanager
+def dashboard_server(db: Path, port: int) -> Iterator[str]:
+    """`runwatch dashboard` on ``db`` in a subprocess (the first free port from ``port``);
+    yields its URL, and stops it (SIGTERM, then kill) after."""
+    port = free_port("127.0.0.1", port)
+    proc = subprocess.Popen(
+        dashboard_command(db, port),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ},
+    )
+    url = url_of("127.0.0.1", port)
+    try:
+        if not wait_ready(url, timeout=60, proc=proc):
+            proc.kill()
+            out = proc.stdout.read().decode() if proc.stdout else ""
+            pytest.fail(f"dashboard did not start: {out}")
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -5,10 +5,7 @@ Screenshots of every page are kept under test-artifacts/ (gitignored) for people
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from runwatch.dashboard import inbox
-from runwatch.dashboard.server import dashboard_command, free_port, url_of, wait_ready
 from runwatch.dashboard.streamlit_internals import COMPILE_HINT
 from runwatch.store import open_store
+
+from .conftest import dashboard_server
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -30,26 +28,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def server(fresh_demo_db: Path) -> Iterator[tuple[str, Path]]:
-    port = free_port("127.0.0.1", 8599)
-    proc = subprocess.Popen(
-        dashboard_command(fresh_demo_db, port),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**os.environ},
-    )
-    url = url_of("127.0.0.1", port)
-    try:
-        if not wait_ready(url, timeout=60, proc=proc):
-            proc.kill()
-            out = proc.stdout.read().decode() if proc.stdout else ""
-            pytest.fail(f"dashboard did not start: {out}")
+    with dashboard_server(fresh_demo_db, 8599) as url:
         yield url, fresh_demo_db
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def test_pages_in_a_real_browser_and_a_benign_verdict_is_stored(server) -> None:

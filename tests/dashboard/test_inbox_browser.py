@@ -9,11 +9,8 @@ count grows, it stays benign) and the receiver gets no message for it.
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import shutil
-import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +20,9 @@ import pytest
 
 import runwatch
 from runwatch.dashboard.data import LIVE_TTL
-from runwatch.dashboard.server import dashboard_command, free_port, url_of, wait_ready
 from runwatch.store import open_store
+
+from .conftest import dashboard_server
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -84,26 +82,8 @@ def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     db = tmp_path / "inbox.db"
     with open_store(db):  # the dashboard opens it read-only: it must exist
         pass
-    port = free_port("127.0.0.1", 8610)
-    proc = subprocess.Popen(
-        dashboard_command(db, port),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**os.environ},
-    )
-    url = url_of("127.0.0.1", port)
-    try:
-        if not wait_ready(url, timeout=60, proc=proc):
-            proc.kill()
-            out = proc.stdout.read().decode() if proc.stdout else ""
-            pytest.fail(f"dashboard did not start: {out}")
+    with dashboard_server(db, 8610) as url:
         yield url, db
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def test_benign_in_the_inbox_folds_the_next_spike_in_with_no_alert(
