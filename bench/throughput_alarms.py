@@ -92,22 +92,51 @@ def _warn(a) -> bool:
     return a.severity in ("warning", "critical")
 
 
+def _warning_incidents(episodes: list) -> int | None:
+    """How many incidents the warning+ episodes of one run make (what a person is alerted
+    about: one notification per incident); None for code that forms no incidents."""
+    try:
+        from runwatch.detect.incidents import Member, form_incidents
+    except ImportError:
+        return None
+    members = [
+        Member(
+            "anomaly",
+            i,
+            a.detector,
+            a.start_step,
+            a.end_step,
+            a.severity,
+            a.metric,
+            tuple(sorted(a.labels.items())),
+        )
+        for i, a in enumerate(episodes)
+    ]
+    return sum(inc.severity != "info" for inc in form_incidents(members))
+
+
 def false_alarms(runs: dict[str, pd.DataFrame], known=None) -> dict:
     warn = info = steps = 0
+    incidents: int | None = 0
     where = []
     for run, df in runs.items():
         steps += int(df["step"].max() - df["step"].min()) + 1
+        kept = []
         for a in _episodes(df):
             if known is not None and known(run, a.metric, a.start_step, a.end_step):
                 continue
+            kept.append(a)
             if _warn(a):
                 warn += 1
                 where.append(f"{run}:{a.metric}@{a.start_step}")
             else:
                 info += 1
+        found = _warning_incidents(kept)
+        incidents = None if found is None or incidents is None else incidents + found
     per = 100_000 / max(steps, 1)
     return {"steps": steps, "warn": warn, "info": info, "warn_100k": warn * per,
-            "info_100k": info * per, "where": where[:20]}  # fmt: skip
+            "info_100k": info * per, "where": where[:20], "incidents": incidents,
+            "incidents_100k": None if incidents is None else incidents * per}  # fmt: skip
 
 
 def inject(df: pd.DataFrame, factor: float, dur: int, rng: np.random.Generator, lo: int = 200):
@@ -260,6 +289,15 @@ def table(results: dict[str, dict]) -> str:
         f"warnings per 100k clean steps, {first['runs']} tiny-LM CPU runs ({c['steps']} steps)",
         "<= 1",
         lambda x: f"{x['clean']['warn_100k']:.0f} ({x['clean']['warn']})",
+    )
+    row(
+        "warning incidents per 100k, same runs (alerts: one per incident)",
+        "<= 1",
+        lambda x: (
+            "no incidents"
+            if x["clean"].get("incidents_100k") is None
+            else f"{x['clean']['incidents_100k']:.0f} ({x['clean']['incidents']})"
+        ),
     )
     row("info episodes per 100k, same runs", "-",
         lambda x: f"{x['clean']['info_100k']:.0f}")  # fmt: skip
