@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runwatch.detect.fingerprint import signature
+from runwatch.detect.incident_titles import main_member, title
 from runwatch.detect.roles import role_of
 from runwatch.model import Incident, severity_rank
 
@@ -278,7 +279,7 @@ def _incident(
         "at": occurrences[:MAX_OCCURRENCES],
         "kinds": sorted({f"{m.kind}:{m.what}" for m in members}),
     }
-    main = _main(members)
+    main = main_member(members)
     sizes = [
         (s, m.step)
         for m in members
@@ -299,7 +300,7 @@ def _incident(
         details["period"] = gaps[len(gaps) // 2]
     return Incident(
         key=hashlib.sha1(shape.encode()).hexdigest()[:20],
-        title=_title(members, details, lead_event),
+        title=title(members, details, lead_event),
         severity=severity,
         first_step=min(steps) if steps else None,
         last_step=max(ends) if ends else None,
@@ -326,98 +327,3 @@ def _occurrence(chain: list[Member], attempt_starts: Mapping[int, int | None]) -
         if resumed is not None:
             out["steps_lost"] = max(0, lead.step - resumed)
     return out
-
-
-_NOUNS = {
-    "spike": ("spike", "spikes"),
-    "nonfinite": ("non-finite episode", "non-finite episodes"),
-    "divergence": ("divergence", "divergences"),
-    "curve_deviation": ("departure from the expected curve", "departures from the expected curve"),
-    "stall": ("stall", "stalls"),
-    "regression": ("slowdown", "slowdowns"),
-    "straggler": ("straggler episode", "straggler episodes"),
-    "hardware": ("hardware fault", "hardware faults"),
-    "hang": ("hang", "hangs"),
-    "lr_sanity": ("learning-rate anomaly", "learning-rate anomalies"),
-    "grad_norm_precursor": ("grad-norm precursor", "grad-norm precursors"),
-    "crash": ("crash", "crashes"),
-    "oom": ("out-of-memory crash", "out-of-memory crashes"),
-    "nccl_timeout": ("NCCL timeout", "NCCL timeouts"),
-    "xid": ("Xid error", "Xid errors"),
-    "log": ("error log line", "error log lines"),
-}
-
-
-def _noun(what: str, n: int) -> str:
-    one, many = _NOUNS.get(what, (f"{what} episode", f"{what} episodes"))
-    return one if n == 1 else many
-
-
-def _title(
-    members: list[Member],
-    details: Mapping[str, Any],
-    lead_event: Member | None,
-) -> str:
-    n = details["occurrences"]
-    lead = members[0]
-    if lead_event is not None:
-        lead = lead_event
-        sig = signature(lead.message)
-        # Where the occurrences' causes were, not their consequences' (the peers' timeouts).
-        attempts = {o["attempt"] for o in details["at"] if o.get("attempt") is not None}
-        hosts = {o.get("host") for o in details["at"]} - {None}
-        where = f" in {len(attempts)} attempts" if len(attempts) > 1 else ""
-        where += f" on {len(hosts)} hosts" if len(hosts) > 1 else ""
-        # One occurrence reads best as it was logged; several by what they share.
-        text = lead.message.strip().splitlines()[0] if n == 1 else sig
-        short = text if len(text) <= 90 else text[:87] + "..."
-        count = "" if n == 1 else f"{n} "
-        return f"{count}{_noun(lead.what, n)}{where}: {short}"
-    if n == 1 and len(members) == 1:
-        return lead.message or f"{_noun(lead.what, 1)} on {lead.metric} at step {lead.step}"
-    kinds = sorted({(m.what, m.metric) for m in members if m.kind == "anomaly"})
-    main = _main(members)
-    ranks = {m.label_dict.get("rank") for m in members} - {None}
-    count = "" if n == 1 else f"{n} "
-    text = f"{count}{main.metric or ''} {_noun(main.what, n)}".replace("  ", " ")
-    if "size_low" in details and main.what in ("spike", "regression", "divergence"):
-        low, high = _fmt(details["size_low"]), _fmt(details["size_high"])
-        text += f" of ×{low}" if low == high else f" of ×{low}–{high}"
-    others = sorted(
-        {
-            f"{w_metric} {_noun(w, 1)}"
-            for w, w_metric in kinds
-            if (w, w_metric) != (main.what, main.metric) and w != "grad_norm_precursor"
-        }
-    )
-    if others:
-        text += f" with {', '.join(others)}"
-    if len(ranks) > 1:
-        text += f" on {len(ranks)} ranks"
-    first, last = members[0].step, max(m.end_step or m.step or 0 for m in members)
-    text += f" at step {first:,}" if first == last else f", steps {first:,}–{last:,}"
-    if "period" in details:
-        text += f", about every {details['period']:,} steps"
-    if "largest_at" in details and n > 1:
-        text += f"; largest at step {details['largest_at']:,}"
-    return text
-
-
-_TITLE_ORDER = ("nonfinite", "divergence", "straggler", "hardware", "spike", "regression")
-"""Which member a title is about when severities tie: the consequence a person acts on."""
-
-
-def _main(members: list[Member]) -> Member:
-    """The member a title is about: the most severe, then by :data:`_TITLE_ORDER`, then a
-    loss before other metrics, then the first."""
-
-    def rank(i: int) -> tuple[Any, ...]:
-        m = members[i]
-        order = _TITLE_ORDER.index(m.what) if m.what in _TITLE_ORDER else len(_TITLE_ORDER)
-        return (-severity_rank(m.severity), order, "loss" not in (m.metric or ""), i)
-
-    return members[min(range(len(members)), key=rank)]
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.3g}"
