@@ -80,8 +80,7 @@ def _live_run(db: Path, rules: Path, url: str, steps: range, spikes: set[int]) -
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     db = tmp_path / "inbox.db"
-    with open_store(db):  # the dashboard opens it read-only: it must exist
-        pass
+    open_store(db).close()  # the dashboard opens it read-only: it must exist
     with dashboard_server(db, 8610) as url:
         yield url, db
 
