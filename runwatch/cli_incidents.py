@@ -20,9 +20,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runwatch.model import FAILURE_EVENTS, INCIDENT_STATUSES, json_plain, severity_rank
+from runwatch.model import FAILURE_EVENTS, INCIDENT_STATUSES, json_plain
 from runwatch.store import DEFAULT_STORE, open_store
-from runwatch.store.incidents import INCIDENT_SOURCES
+from runwatch.store.incidents import INCIDENT_SOURCES, importance_order
 from runwatch.store.judgements import VERDICTS
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ def cmd_incidents(args: argparse.Namespace) -> int:
     with open_store(args.db, readonly=True) as store:
         store.run_id(args.run)  # a clear error naming the runs there are
         status = None if args.status == "all" else args.status
-        frame = ordered(store.incidents(args.run, source=args.source, status=status))
+        frame = importance_order(store.incidents(args.run, source=args.source, status=status))
         records = [incident_record(store, row) for row in frame.to_dict(orient="records")]
         history = store.verdicts() if args.format == "markdown" else None
         if not records:
@@ -128,20 +128,6 @@ def cmd_incidents(args: argparse.Namespace) -> int:
     else:
         print(f"run {args.run!r}: no {'' if status is None else status + ' '}incidents")
     return EXIT_OK
-
-
-def ordered(frame: pd.DataFrame) -> pd.DataFrame:
-    """Open first, then the most severe, then the latest last step (then the newest id)."""
-    if frame.empty:
-        return frame
-    keys = frame.assign(
-        _judged=(frame["status"] != "open").astype(int),
-        _severity=-frame["severity"].map(severity_rank),
-        _last=-frame["last_step"].fillna(-1).astype(float),
-        _id=-frame["id"],
-    )
-    keys = keys.sort_values(["_judged", "_severity", "_last", "_id"], kind="stable")
-    return keys.drop(columns=["_judged", "_severity", "_last", "_id"]).reset_index(drop=True)
 
 
 def incident_record(store: Store, row: Mapping[str, Any]) -> dict[str, Any]:

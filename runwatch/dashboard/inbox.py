@@ -19,6 +19,7 @@ import pandas as pd
 
 from runwatch.dashboard.shaping import SEVERITY_BADGE, markdown_text
 from runwatch.model import FAILURE_EVENTS, INCIDENT_STATUSES, severity_rank
+from runwatch.store.incidents import importance_order
 
 STATUS_BADGE = {"open": "gray", "benign": "green", "real": "red", "watch": "blue"}
 """Streamlit badge colours per incident status."""
@@ -31,42 +32,6 @@ NO_HYPOTHESES = (
     "No hypotheses: no attribute (host, rank, GPU, step context) whose exposure is known "
     "to compare the occurrences against."
 )
-
-
-def _rank(severity: Any) -> int:
-    try:
-        return severity_rank(str(severity))
-    except ValueError:
-        return -1
-
-
-def inbox_order(incidents: pd.DataFrame, first: int | None = None) -> pd.DataFrame:
-    """The inbox's order: open incidents first, then the judged ones; within each, the
-    most severe first, then the most recent (latest ``last_step``), then the newest id.
-    ``first`` (an incident id, e.g. one opened from the Run page) goes to the top of its
-    group.
-
-    >>> f = pd.DataFrame({"id": [1, 2, 3, 4], "status": ["benign", "open", "open", "open"],
-    ...     "severity": ["critical", "info", "warning", "warning"],
-    ...     "last_step": [900, 950, 100, 400]})
-    >>> inbox_order(f)["id"].tolist()
-    [4, 3, 2, 1]
-    """
-    if incidents.empty:
-        return incidents
-    last = pd.to_numeric(incidents["last_step"], errors="coerce").fillna(-1)
-    keys = pd.DataFrame(
-        {
-            "judged": (incidents["status"] != "open").astype(int).to_numpy(),
-            "picked": (incidents["id"] != first).astype(int).to_numpy(),
-            "severity": -incidents["severity"].map(_rank).to_numpy(),
-            "last": -last.to_numpy(),
-            "id": -incidents["id"].to_numpy(),
-        },
-        index=incidents.index,
-    )
-    order = keys.sort_values(list(keys.columns), kind="stable").index
-    return incidents.loc[order].reset_index(drop=True)
 
 
 def filter_incidents(
@@ -308,7 +273,7 @@ def incident_anomalies(
     drawn_ids = set()
     hidden = 0
     for row in incidents.itertuples(index=False):
-        if show_info or _rank(row.severity) >= _rank("warning"):
+        if show_info or severity_rank(row.severity) >= severity_rank("warning"):
             drawn_ids.add(int(row.id))
         else:
             hidden += 1
@@ -361,8 +326,8 @@ def incident_anomalies(
 
 def incident_rows(incidents: pd.DataFrame, limit: int) -> pd.DataFrame:
     """The Run page's incident list, for ``markdown_table(..., raw=("severity",
-    "status"))``: open first, worst and latest first (``inbox_order``), at most ``limit``."""
-    shown = inbox_order(incidents).head(limit)
+    "status"))``: open first, worst and latest first (``importance_order``), at most ``limit``."""
+    shown = importance_order(incidents).head(limit)
     return pd.DataFrame(
         {
             "#": shown["id"].to_numpy(),

@@ -247,6 +247,46 @@ class IncidentTables:
         )
 
 
+def importance_order(incidents: pd.DataFrame, first: int | None = None) -> pd.DataFrame:
+    """Incidents (``Store.incidents`` rows) most important first, as the command line and
+    the inbox list them: open before judged; within each, the most severe, then the latest
+    ``last_step``, then the newest id. ``first`` (an incident id, e.g. one opened from the
+    Run page) goes to the top of its group.
+
+    >>> import pandas as pd
+    >>> f = pd.DataFrame({"id": [1, 2, 3, 4], "status": ["benign", "open", "open", "open"],
+    ...     "severity": ["critical", "info", "warning", "warning"],
+    ...     "last_step": [900, 950, 100, 400]})
+    >>> importance_order(f)["id"].tolist()
+    [4, 3, 2, 1]
+    """
+    import pandas as pd
+
+    if incidents.empty:
+        return incidents
+    last = pd.to_numeric(incidents["last_step"], errors="coerce").fillna(-1)
+    keys = pd.DataFrame(
+        {
+            "judged": (incidents["status"] != "open").astype(int).to_numpy(),
+            "picked": (incidents["id"] != first).astype(int).to_numpy(),
+            "severity": -incidents["severity"].map(_rank).to_numpy(),
+            "last": -last.to_numpy(),
+            "id": -incidents["id"].to_numpy(),
+        },
+        index=incidents.index,
+    )
+    order = keys.sort_values(list(keys.columns), kind="stable").index
+    return incidents.loc[order].reset_index(drop=True)
+
+
+def _rank(severity: Any) -> int:
+    """A severity's rank; -1 for one this runwatch does not know (it sorts last)."""
+    try:
+        return severity_rank(str(severity))
+    except ValueError:
+        return -1
+
+
 def _figures(inc: Incident) -> tuple[Any, ...]:
     return (
         inc.title,

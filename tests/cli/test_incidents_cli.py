@@ -13,8 +13,9 @@ import pytest
 
 import runwatch
 from runwatch.cli import main
-from runwatch.cli_incidents import MAX_MEMBERS, ordered
+from runwatch.cli_incidents import MAX_MEMBERS
 from runwatch.store import open_store
+from runwatch.store.incidents import importance_order
 
 INCIDENT_KEYS = {
     "run",
@@ -122,7 +123,7 @@ def test_order_is_open_then_severity_then_recency():
             "last_step": [900, 50, 100, 700, None],
         }
     )
-    assert ordered(frame)["id"].tolist() == [4, 3, 1, 2, 5]
+    assert importance_order(frame)["id"].tolist() == [4, 3, 1, 2, 5]
 
 
 def test_verdict_moves_an_incident_out_of_open_and_all_shows_it(spiky, capsys, monkeypatch):

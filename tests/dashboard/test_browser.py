@@ -94,7 +94,7 @@ def test_pages_in_a_real_browser_and_a_benign_verdict_is_stored(server) -> None:
 
             page.goto(f"{url}/anomalies")
             with open_store(db, readonly=True) as store:
-                ordered = inbox.inbox_order(store.incidents())
+                ordered = inbox.importance_order(store.incidents())
             top = int(ordered["id"].iloc[0])
             card = page.locator(f".st-key-incident-{top}")
             expect(card).to_be_visible(timeout=30_000)

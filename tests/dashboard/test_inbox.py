@@ -40,15 +40,15 @@ INBOX = _incidents(
 
 
 def test_inbox_puts_open_incidents_first_by_severity_then_latest_step_judged_below() -> None:
-    order = inbox.inbox_order(INBOX)["id"].tolist()
+    order = inbox.importance_order(INBOX)["id"].tolist()
     # Open: critical (ties on last step 200: the newer id first), warning by recency, info.
     # Judged: critical, warning, info.
     assert order == [7, 4, 5, 3, 2, 1, 6, 8]
 
 
 def test_an_incident_opened_from_the_run_page_goes_to_the_top_of_its_group() -> None:
-    assert inbox.inbox_order(INBOX, first=2)["id"].tolist()[:3] == [2, 7, 4]
-    assert inbox.inbox_order(INBOX, first=8)["id"].tolist()[5:] == [8, 1, 6]
+    assert inbox.importance_order(INBOX, first=2)["id"].tolist()[:3] == [2, 7, 4]
+    assert inbox.importance_order(INBOX, first=8)["id"].tolist()[5:] == [8, 1, 6]
 
 
 def test_filters_keep_every_open_incident_and_only_the_chosen_judged_ones() -> None:

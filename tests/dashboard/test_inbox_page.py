@@ -34,7 +34,7 @@ def test_inbox_orders_cards_and_a_verdict_moves_one_to_the_judged_list(
     fresh_demo_db, monkeypatch
 ) -> None:
     stored = _stored(fresh_demo_db)
-    expected = inbox.inbox_order(inbox.filter_incidents(pd.DataFrame(stored)))["id"].tolist()
+    expected = inbox.importance_order(inbox.filter_incidents(pd.DataFrame(stored)))["id"].tolist()
     at = _inbox(fresh_demo_db, monkeypatch).run()
     assert not at.exception
     assert at.subheader[0].value == f"Inbox · {len(stored)} open incidents"
@@ -61,7 +61,7 @@ def test_inbox_orders_cards_and_a_verdict_moves_one_to_the_judged_list(
 
 def test_an_incident_opened_from_the_run_page_comes_first(demo_db, monkeypatch) -> None:
     stored = _stored(demo_db)
-    last = inbox.inbox_order(pd.DataFrame(stored))["id"].tolist()[-1]
+    last = inbox.importance_order(pd.DataFrame(stored))["id"].tolist()[-1]
     at = _inbox(demo_db, monkeypatch)
     at.session_state["incident_id"] = last
     at.run()

@@ -159,7 +159,7 @@ def listing(frame: pd.DataFrame, *, kind: str, chart: bool) -> None:
 def incident_inbox() -> None:
     with ui.guarded(db):
         current = data.incidents(db)
-    shown = inbox.inbox_order(
+    shown = inbox.importance_order(
         inbox.filter_incidents(current, runs, severities, judged or ()),
         first=st.session_state.get("incident_id"),
     )
