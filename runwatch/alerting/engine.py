@@ -107,16 +107,21 @@ class AlertEngine:
 
     # -- input -------------------------------------------------------------------------------
     def observe(
-        self, run: str, project: str | None, changes: Iterable[tuple[int, Anomaly]]
+        self,
+        run: str,
+        project: str | None,
+        changes: Iterable[tuple[int, Anomaly]],
+        failures: bool = False,
     ) -> None:
-        """Episodes of ``run`` that opened, grew or closed: (row id in the store, anomaly).
+        """Episodes of ``run`` that opened, grew or closed: (row id in the store, anomaly);
+        ``failures``: failure events came and formed incidents (read at the next tick).
 
         Cheap, on the caller's thread: the incident lookup and grouping happen in ``tick``.
         """
         now = self._clock()
         changes = list(changes)
         with self._lock:
-            if not changes:  # failure events formed incidents: read them at the next tick
+            if failures:
                 self._event_runs[run] = project
             for row_id, anomaly in changes:
                 alert = alert_from_anomaly(row_id, anomaly, run, project, now)
@@ -130,8 +135,8 @@ class AlertEngine:
     def bind(self, run: str, project: str | None) -> Callable[[list[tuple[int, Anomaly]]], None]:
         """``observe`` for one run: what ``LiveDetection(on_change=...)`` takes."""
 
-        def on_change(changes: list[tuple[int, Anomaly]]) -> None:
-            self.observe(run, project, changes)
+        def on_change(changes: list[tuple[int, Anomaly]], failures: bool = False) -> None:
+            self.observe(run, project, changes, failures)
 
         return on_change
 

@@ -56,7 +56,7 @@ class RunAlerting:
 
     engine: AlertEngine | None
     exporter: Exporter | None
-    on_change: Callable[[list[tuple[int, Any]]], None] | None
+    on_change: Callable[..., None] | None
 
     def close(self, timeout: float = 10.0) -> bool:
         """Flush and wait (bounded) for pending alerts, then stop the exporter."""

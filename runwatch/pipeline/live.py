@@ -23,8 +23,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from runwatch.guard import Guard
 from runwatch.model import FAILURE_EVENTS, LABEL_KEYS, Anomaly, Event, SeriesBatch
@@ -39,6 +39,14 @@ if TYPE_CHECKING:
     from runwatch.store import Store
 
 log = logging.getLogger("runwatch.pipeline.live")
+
+
+class OnChange(Protocol):
+    """Alerting's hook: the episodes that changed, (row id in the store, anomaly), and
+    whether failure events came (their incidents are in the store, for alerting to read)."""
+
+    def __call__(self, changes: list[tuple[int, Anomaly]], failures: bool = False) -> None: ...
+
 
 HANG_CHECK_EVERY_S = 5.0
 """How often the detection thread asks the hang detector, when no batch arrives."""
@@ -61,7 +69,7 @@ class LiveDetection:
         config: Mapping[str, Any] | None = None,
         *,
         max_backlog_points: int = 2_000_000,
-        on_change: Callable[[list[tuple[int, Anomaly]]], None] | None = None,
+        on_change: OnChange | None = None,
         references: Mapping[str, ReferenceCurve] | None = None,
     ) -> None:
         self._store_path = store_path
@@ -244,15 +252,15 @@ class LiveDetection:
 
     def _save(self, anomalies: Any, form: bool = False) -> None:
         """Store changed episodes, form the run's incidents again if that changed them
-        (``form``: a failure event came), then hand the episodes to alerting (and, after
-        failure events, an empty list: their incidents are for alerting to read)."""
+        (``form``: a failure event came), then hand the episodes to alerting, saying
+        whether failure events came (their incidents are for alerting to read)."""
         anomalies = list(anomalies)
         if self._store is None:
             return
         if not anomalies:
             if form:
                 self._form_incidents()
-                self._alert([])
+                self._alert([], failures=True)
             return
         # Urgent: what an alert waits for - a warning or critical episode that opened,
         # closed or got worse. The rest (info episodes, growth) is formed on a budget.
@@ -273,14 +281,12 @@ class LiveDetection:
             return
         self._form_incidents(now=urgent)
         # (row id in the store, anomaly) for each that changed
-        self._alert([(self._ids[id(a)], a) for a in anomalies])
-        if form:
-            self._alert([])
+        self._alert([(self._ids[id(a)], a) for a in anomalies], failures=form)
 
-    def _alert(self, changes: list[tuple[int, Anomaly]]) -> None:
+    def _alert(self, changes: list[tuple[int, Anomaly]], failures: bool) -> None:
         if self._on_change is not None:
             with self._alert_guard:
-                self._on_change(changes)
+                self._on_change(changes, failures=failures)
 
     def _form_incidents(self, now: bool = True) -> None:
         """The run's live incidents from what the store holds (every attempt's episodes and

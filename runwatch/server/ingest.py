@@ -27,8 +27,8 @@ import numpy as np
 
 from runwatch.expect.reference import ReferenceCurve
 from runwatch.guard import Guard
-from runwatch.model import Anomaly, Event, SeriesPoints
-from runwatch.pipeline.live import LiveDetection
+from runwatch.model import Event, SeriesPoints
+from runwatch.pipeline.live import LiveDetection, OnChange
 from runwatch.server.errors import ApiError
 from runwatch.server.schemas import Batch
 from runwatch.store import Store
@@ -37,7 +37,6 @@ from runwatch.worker import Worker
 
 log = logging.getLogger("runwatch.server")
 
-OnChange = Callable[[list[tuple[int, Anomaly]]], None]
 OnChangeFactory = Callable[[int], OnChange]
 """Given a run id, the callback its live detection calls with changed episodes (alerting)."""
 

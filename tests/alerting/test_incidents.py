@@ -77,7 +77,7 @@ class LiveRun:
             run_id = store.run_id("gpt")
             store.add_events(run_id, 1, [Event(kind, step, at, message, rank, "node-3")])
             refresh_incidents(store, run_id, "live")
-        self.engine.observe("gpt", "lm", [])
+        self.engine.observe("gpt", "lm", [], failures=True)
 
     def _save(self, anomaly: Anomaly) -> int:
         with open_store(self.store_path) as store:
