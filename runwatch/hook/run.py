@@ -294,6 +294,7 @@ class Run:
         if queued - flow.drained > self._max_pending:
             self._drops.add("queue_full", n)
             if update is not None:  # the points are dropped, the context still holds
+                update.log = None
                 self._put(update)
             return
         flow.queued = queued
@@ -318,6 +319,7 @@ class Run:
             update = ContextUpdate()
             update.values = {**values, **more} if values is not None else more
             update.time = _now()
+            update.log = None
             self._context_given = None  # the next context= is compared with nothing
             self._put(update)
         except Exception:  # never raise into the training loop

@@ -175,7 +175,7 @@ class Writer:
                 self._take_labeled(*item)
         elif type(item) is ContextUpdate:
             self._take_context(item)
-            if getattr(item, "log", None) is not None:
+            if item.log is not None:
                 self._take_log(*item.log)
         elif isinstance(item, Event):
             if item.rank is None and item.host is None and self._labels:
@@ -248,17 +248,9 @@ class Writer:
         buf.values.append(value)
 
     def _take_context(self, update: ContextUpdate) -> None:
-        """Check an update's keys and values; keep the good ones for the next step."""
+        """Check an update's keys and values; keep the good ones for the next step. The
+        training thread queues only dicts (``Run.log`` and ``Run.context`` refuse the rest)."""
         values = update.values
-        if not isinstance(values, dict):
-            self._drops.add("bad_context")
-            self._drops.warn_once(
-                "context",
-                "runwatch: context= needs a dict of str, int, float or bool values; got a "
-                "%s; dropped (bad_context)",
-                type(values).__name__,
-            )
-            return
         pending = self._context_pending if self._context_pending is not None else {}
         for key, value in values.items():
             if type(value) is str and key in self._context_keys and len(value) <= MAX_CONTEXT_TEXT:
