@@ -20,8 +20,9 @@ import numpy as np
 import pandas as pd
 
 from runwatch.detect.base import Detector, LRAware, Signal
+from runwatch.detect.busy import BusyClock
 from runwatch.detect.deviation import CurveDeviation
-from runwatch.detect.roles import DEFAULT_DETECTORS, ROLES, role_of
+from runwatch.detect.roles import DEFAULT_DETECTORS, ROLES, TIMING_ROLES, role_of
 from runwatch.detect.rows import OpenOrder, clock_states, feed_clock, fold_codes
 from runwatch.detect.series import Series
 from runwatch.detect.spike import Spike
@@ -92,6 +93,7 @@ class Monitor:
         self._lr_series: Series | None = None
         self._gn_spike: dict[tuple[Any, ...], tuple[int, Anomaly]] = {}
         self._loss_spike: dict[tuple[Any, ...], tuple[int, Anomaly]] = {}
+        self._busy: dict[tuple[Any, ...], BusyClock] = {}  # per process (labels)
 
     # ------------------------------------------------------------------ results
     @property
@@ -176,6 +178,12 @@ class Monitor:
             dets = dets[:1]
         if series is self._lr_series and dets is series.detectors and math.isfinite(value):
             self.lr_clock.add(step, value)
+        elif series.role == "cpu_wait" and dets is series.detectors and math.isfinite(value):
+            clock = self._busy.setdefault(lk, BusyClock())
+            clock.add(step, value)
+            clock.trim()
+        elif series.role in TIMING_ROLES and lk in self._busy and self._busy[lk].held(step):
+            dets = dets[:1]  # slowed by a busy host: only the non-finite check sees it
         out: list[Anomaly] = []
         opened = series.open
         for i, det in enumerate(dets):
@@ -257,18 +265,23 @@ class Monitor:
                 (self._series.get(key) or self._new_series(*key), rows)
                 for key, rows in zip(keys, groups, strict=True)
             ]
-            # The LR series first: the loss series' areas come from what it fed the clock.
-            runs.sort(key=lambda r: r[0] is not self._lr_series)
+            # The LR series first: the loss series' areas come from what it fed the clock;
+            # then CPU wait: a step's time is held if its host was busy.
+            runs.sort(key=lambda r: (r[0] is not self._lr_series, r[0].role != "cpu_wait"))
             lr_fed = clock_states(self.lr_clock)
             done = 0
             for series, rows in runs:
                 if series is self._lr_series:
                     lr_fed = feed_clock(self.lr_clock, rows, steps[rows], values[rows])
+                elif series.role == "cpu_wait":
+                    self._feed_busy(series, steps[rows], values[rows])
                 self._run_series(series, rows, steps[rows], values[rows], lr_fed, batch)
                 done += rows.size
                 if progress is not None:
                     progress(done)
             self._link_deferred(batch)
+            for clock in self._busy.values():
+                clock.trim()
             ordered = sorted(self._anomalies, key=lambda a: batch.order[id(a)])
         finally:
             self._anomalies = kept
@@ -294,6 +307,14 @@ class Monitor:
         values_l = v.tolist()
         bad = np.flatnonzero(~np.isfinite(v)).tolist()
         self._nonfinite(series, rows_l, steps_l, values_l, bad, batch)
+        clock = self._busy.get(series.lk) if series.role in TIMING_ROLES else None
+        if clock is not None:  # only the non-finite check sees a point a busy host slowed
+            judged = np.flatnonzero(~clock.held_many(st))
+            rows, st = rows[judged], st[judged]
+            rows_l, steps_l = rows.tolist(), st.tolist()
+            values_l = v[judged].tolist()
+            if not steps_l:
+                return
         # The points' LR areas, once for every detector of the series that judges by the LR.
         by_lr = [isinstance(d, LRAware) and bool(d.lr_clock) for d in series.detectors]
         areas = areas_at(*lr_fed, rows, st) if len(lr_fed[0]) and any(by_lr) else None
@@ -384,6 +405,11 @@ class Monitor:
             idx = next(i for i, d in enumerate(series.detectors) if d.name == "spike")
             for a in out:
                 batch.order[id(a)] = (row, idx, 1)
+
+    def _feed_busy(self, series: Series, steps: np.ndarray, values: np.ndarray) -> None:
+        """A batch's CPU-wait samples of one process into its clock (before its timing)."""
+        ok = np.isfinite(values)
+        self._busy.setdefault(series.lk, BusyClock()).add_many(steps[ok], values[ok])
 
     def _failed(self, series: Series, det: Detector, step: int) -> None:
         # A runwatch bug must never kill a training run: log it, count it, go on.

@@ -13,7 +13,17 @@ from runwatch.detect.base import Detector
 from runwatch.detect.nonfinite import NonFinite
 from runwatch.detect.spike import Spike
 
-ROLES: tuple[str, ...] = ("loss", "grad_norm", "lr", "throughput", "step_time", "other")
+ROLES: tuple[str, ...] = (
+    "loss",
+    "grad_norm",
+    "lr",
+    "throughput",
+    "step_time",
+    "cpu_wait",
+    "other",
+)
+TIMING_ROLES: tuple[str, ...] = ("throughput", "step_time")
+"""Roles whose points a busy host holds (``runwatch.detect.busy``)."""
 
 # (pattern, role), first match wins; fnmatch patterns on the lower-cased metric name.
 _NAME_RULES: tuple[tuple[str, str], ...] = (
@@ -30,6 +40,7 @@ _NAME_RULES: tuple[tuple[str, str], ...] = (
     ("tflops*", "throughput"),
     ("step_time*", "step_time"),
     ("iteration_time*", "step_time"),
+    ("host_cpu_wait", "cpu_wait"),
 )
 
 
@@ -89,12 +100,19 @@ def _step_time() -> list[Detector]:
     return [NonFinite(), Regression(higher_is_better=False)]
 
 
+def _cpu_wait() -> list[Detector]:
+    from runwatch.detect.busy import HostBusy
+
+    return [NonFinite(), HostBusy()]
+
+
 DEFAULT_DETECTORS: dict[str, Callable[[], list[Detector]]] = {
     "loss": _loss,
     "grad_norm": _grad_norm,
     "lr": _lr,
     "throughput": _throughput,
     "step_time": _step_time,
+    "cpu_wait": _cpu_wait,
     "other": lambda: [NonFinite()],
 }
 """Role -> factory of a fresh default detector list; NonFinite always comes first."""

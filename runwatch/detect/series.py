@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from runwatch.detect.base import Detector, Signal
-from runwatch.model import SEVERITIES, Anomaly
+from runwatch.model import LABEL_KEYS, SEVERITIES, Anomaly
 
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
@@ -23,6 +23,7 @@ class Series:
         "key",
         "labels",
         "last_step",
+        "lk",
         "metric",
         "open",
         "quiet",
@@ -33,6 +34,7 @@ class Series:
     def __init__(self, metric: str, labels: dict[str, Any], role: str, dets: list[Detector]):
         self.metric = metric
         self.labels = labels
+        self.lk = tuple(labels.get(k) for k in LABEL_KEYS)  # the Monitor's key of the labels
         self.role = role
         self.detectors = dets
         self.open: list[Anomaly | None] = [None] * len(dets)

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from runwatch.guard import error_counts
 from runwatch.hook.backend import Backend, ReferenceRefused, StoreBackend
+from runwatch.hook.cpu_wait import CpuWait
 from runwatch.hook.drops import DROP_REASONS, DropCounter
 from runwatch.hook.ranks import keeps_metric, rank_info, rank_labels
 from runwatch.hook.transport import HttpBackend, make_backend_from_env
@@ -178,6 +179,7 @@ class Run:
             flush_interval=flush_interval,
             retries=store_retries,
             sink=sink,
+            cpu_wait=CpuWait.open(),  # this thread is the training loop's
         )
         # The hot path puts straight on the writer's queue: run.log bounds and counts itself.
         self._put = self._writer.worker.put

@@ -34,6 +34,7 @@ import numpy as np
 
 from runwatch.guard import Guard
 from runwatch.hook.backend import Backend, BackendError
+from runwatch.hook.cpu_wait import CPU_WAIT_METRIC, CpuWait
 from runwatch.hook.drops import DropCounter
 from runwatch.hook.values import RefusedValue, name_problem, to_float
 from runwatch.model import Event, SeriesBatch, SeriesPoints
@@ -123,9 +124,12 @@ class Writer:
         retry_backoff: float = 0.1,
         sink: BatchSink | None = None,
         keep_metric: Callable[[str], bool] | None = None,
+        cpu_wait: CpuWait | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._backend = backend
+        self._cpu_wait = cpu_wait
+        self._interval_step: int | None = None  # the first step logged since the last flush
         self.attempt = attempt
         self._labels = labels
         self._flow = flow
@@ -136,6 +140,10 @@ class Writer:
         self._sink = sink
         self._keep_metric = keep_metric
         self._buffers: dict[str, Any] = {}
+        if cpu_wait is not None:
+            # First of the buffers, so its series sorts first within a step on replay: the
+            # Monitor knows a step's CPU wait before it judges the step's time.
+            self._buffers[CPU_WAIT_METRIC] = _SeriesBuffer(CPU_WAIT_METRIC, labels)
         self._events: list[Event] = []
         self._contexts: list[StepContext] = []
         self._context: dict[str, Any] = {}  # the step context in force
@@ -154,7 +162,7 @@ class Writer:
             tick=self._flush,
             interval=flush_interval,
             first_tick=flush_interval * (0.5 + random.random()),
-            on_stop=self._flush,
+            on_stop=self._last_flush,
             drops=drops,
             backlog=self._unwritten,
             unit="points",
@@ -199,6 +207,8 @@ class Writer:
         if self.last_step is not None and step < self.last_step:
             self._restart(step)
         self.last_step = step
+        if self._interval_step is None:
+            self._interval_step = step
         if self._context_pending is not None:
             self._apply_context(step, stamp)
         buffers = self._buffers
@@ -343,6 +353,7 @@ class Writer:
 
     # -- flushing ----------------------------------------------------------------------------
     def _flush(self) -> None:
+        sampled = self._cpu_wait is not None and self._sample_cpu_wait()
         batch: list[SeriesPoints] = []
         for buf in self._buffers.values():
             if buf is _REFUSED_NAME or buf is _OTHER_RANKS_METRIC or not buf.steps:
@@ -363,7 +374,7 @@ class Writer:
         self._buffered = 0
         if not batch and not events and not contexts:
             return
-        n_points = sum(len(series.steps) for series in batch)
+        n_points = sum(len(series.steps) for series in batch) - sampled
         if self._write_with_retries(batch, events, n_points, contexts):
             self._flow.written += n_points
             self._notify_sink(batch, events)
@@ -371,6 +382,27 @@ class Writer:
             self._context_kept = None
             if self._context_pending is None:
                 self._context_pending = {}
+
+    def _last_flush(self) -> None:
+        self._flush()
+        if self._cpu_wait is not None:
+            self._cpu_wait.close()
+
+    def _sample_cpu_wait(self) -> bool:
+        """The training thread's CPU wait since the last sample, as a point at the first
+        step logged since then; nothing while no step is logged. True: a point was added
+        (it is not counted among the run's logged points)."""
+        step, self._interval_step = self._interval_step, None
+        if step is None:
+            return False
+        share = self._cpu_wait.read()  # type: ignore[union-attr]
+        if share is None:
+            return False
+        buf = self._buffers[CPU_WAIT_METRIC]
+        buf.steps.append(step)
+        buf.times.append(time.time())
+        buf.values.append(share)
+        return True
 
     def _notify_sink(self, batch: SeriesBatch, events: list[Event]) -> None:
         if self._sink is None:
