@@ -24,6 +24,7 @@ NOUNS = {
     "curve_deviation": ("departure from the expected curve", "departures from the expected curve"),
     "stall": ("stall", "stalls"),
     "regression": ("slowdown", "slowdowns"),
+    "host_busy": ("stretch of a busy host", "stretches of a busy host"),
     "straggler": ("straggler episode", "straggler episodes"),
     "hardware": ("hardware fault", "hardware faults"),
     "hang": ("hang", "hangs"),

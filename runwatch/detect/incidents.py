@@ -158,6 +158,8 @@ def _family(m: Member, roles: Mapping[str, str]) -> str | None:
         return "straggler"
     if m.what == "hardware":
         return "hardware"
+    if m.what == "host_busy":
+        return "busy"
     if role_of(m.metric or "", roles) in _THROUGHPUT_ROLES:
         return "throughput"
     return None
@@ -166,7 +168,7 @@ def _family(m: Member, roles: Mapping[str, str]) -> str | None:
 def _overlaps(ms: Sequence[Member], roles: Mapping[str, str]) -> list[tuple[int, int]]:
     """Links between anomalies whose steps overlap (within ``CHAIN_SLACK``), by family:
     throughput with throughput (any rank: a shared slowdown), stragglers with their rank's
-    throughput and hardware, NaNs with NaNs."""
+    throughput, hardware and busy host, NaNs with NaNs, busy processes on one host."""
     tagged = [
         (m.step, m.end_step if m.end_step is not None else m.step, i, fam)
         for i, m in enumerate(ms)
@@ -188,8 +190,10 @@ def _co_occur(a: Member, fa: str, b: Member, fb: str) -> bool:
     pair = {fa, fb}
     if pair == {"throughput"} or pair == {"nonfinite"}:
         return True
-    if pair <= {"straggler", "throughput", "hardware"} and fa != fb:
+    if pair <= {"straggler", "throughput", "hardware", "busy"} and fa != fb:
         return _same_device(a, b)
+    if pair == {"busy"}:  # the processes of one host are busy at once: the host is
+        return a.label_dict.get("host") == b.label_dict.get("host")
     return False
 
 

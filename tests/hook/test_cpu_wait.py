@@ -24,6 +24,12 @@ def _work(seconds: float) -> None:
         sum(range(2_000))
 
 
+def _compute() -> None:
+    """A fixed amount of work: slower when the core is shared."""
+    for _ in range(40):
+        sum(range(2_000))
+
+
 def _log_steps(run, first: int, seconds: float) -> int:
     step = first
     end = time.perf_counter() + seconds
@@ -70,3 +76,43 @@ def test_a_closed_reader_or_an_unknown_thread_reads_nothing():
     reader.close()
     assert reader.read() is None
     assert CpuWait.open(tid=2**31 - 1) is None
+
+
+def test_a_run_slowed_by_a_process_on_its_core_is_held_live_as_on_replay(tmp_path):
+    """Live detection holds the slow steps and names the busy host, and finds what replay
+    of the stored points finds (tests/detect/test_busy_host.py shows the same slowdown
+    without the readings is a warning)."""
+    from runwatch.detect import analyze_frame
+
+    db = tmp_path / "live.db"
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {0})
+    try:
+        with runwatch.init(name="live", store=db) as run:
+            step = 0
+            end = time.perf_counter() + 2.0
+            while time.perf_counter() < end or step < 300:
+                began = time.perf_counter()
+                _compute()
+                run.log({"step_time_s": time.perf_counter() - began}, step=step)
+                step += 1
+            hog = subprocess.Popen([sys.executable, "-c", HOG])
+            try:
+                for step in range(step, step + 200):
+                    began = time.perf_counter()
+                    _compute()
+                    run.log({"step_time_s": time.perf_counter() - began}, step=step)
+            finally:
+                hog.kill()
+                hog.wait()
+    finally:
+        os.sched_setaffinity(0, before)
+    store = runwatch.open_store(db, readonly=True)
+    live = store.anomalies("live", source="live")
+    assert "host_busy" in set(live["detector"])
+    timing = live[live["detector"] == "regression"]
+    assert set(timing["severity"]) <= {"info"}
+    replay = analyze_frame(store.read_points("live"))
+    assert sorted(zip(live["detector"], live["metric"], live["start_step"], strict=True)) == (
+        sorted((a.detector, a.metric, a.start_step) for a in replay)
+    )
