@@ -98,10 +98,10 @@ def test_a_run_slowed_by_a_process_on_its_core_is_held_live_as_on_replay(tmp_pat
                 step += 1
             hog = subprocess.Popen([sys.executable, "-c", HOG])
             try:
-                for step in range(step, step + 200):
+                for busy_step in range(step, step + 200):
                     began = time.perf_counter()
                     _compute()
-                    run.log({"step_time_s": time.perf_counter() - began}, step=step)
+                    run.log({"step_time_s": time.perf_counter() - began}, step=busy_step)
             finally:
                 hog.kill()
                 hog.wait()
