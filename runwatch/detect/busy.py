@@ -1,9 +1,9 @@
-"""A busy host: steps during which the training thread waited for a CPU.
+"""A busy host: steps during which the training process waited for a CPU.
 
-The hook logs the thread's CPU wait (``host_cpu_wait``, the share of an interval it was
-runnable but not running) at the first step of each interval. A step whose interval's
-wait reaches :data:`BUSY_SHARE` was slowed by other processes on the host, not by the
-run: its step time and throughput are *held* (not judged, not learned) by the Monitor,
+The hook logs the process's CPU wait (``host_cpu_wait``: seconds its threads were
+runnable but not running, per second) at the first step of each interval. A step whose
+interval's wait reaches :data:`BUSY_WAIT` was slowed by other processes on the host, not
+by the run: its step time and throughput are *held* (not judged, not learned) by the Monitor,
 and :class:`HostBusy` reports the busy stretch itself, at info, with its cause named.
 Measured in bench/README-throughput.md.
 """
@@ -16,31 +16,31 @@ import numpy as np
 
 from runwatch.detect.base import Detector, Signal, check_number
 
-BUSY_SHARE = 0.1
-"""The CPU wait share from which a step's time is the host's doing, not the run's."""
+BUSY_WAIT = 0.1
+"""The CPU wait (s/s) from which a step's time is the host's doing, not the run's."""
 
 
 class HostBusy(Detector):
-    """Flags CPU-wait samples of at least ``busy_share`` (info: the host, not the run).
+    """Flags CPU-wait samples of at least ``busy_wait`` (info: the host, not the run).
 
     >>> d = HostBusy()
     >>> d.update(0, 0.01) is None
     True
     >>> sig = d.update(40, 0.45)
-    >>> sig.severity, sig.details["share"]
+    >>> sig.severity, sig.details["wait"]
     ('info', 0.45)
     """
 
     name = "host_busy"
     quiet = 2  # samples (one per 0.25 s flush), not steps
 
-    def __init__(self, busy_share: float = BUSY_SHARE) -> None:
-        check_number("busy_share", busy_share, low=0.0, high=1.0)
-        self.busy_share = busy_share
+    def __init__(self, busy_wait: float = BUSY_WAIT) -> None:
+        check_number("busy_wait", busy_wait, low=0.0)
+        self.busy_wait = busy_wait
         super().__init__()
 
     def update(self, step: int, value: float) -> Signal | None:
-        if not value >= self.busy_share:
+        if not value >= self.busy_wait:
             return None
         return Signal(
             "info",
@@ -48,11 +48,11 @@ class HostBusy(Detector):
             value,
             0.0,
             0.0,
-            self.busy_share,
-            f"the training thread waited for a CPU {value:.0%} of the time: other "
-            "processes on this host are taking its cores; its step time and throughput "
-            "are not judged meanwhile",
-            {"share": value},
+            self.busy_wait,
+            f"the training process's threads waited {value:.2f} s per second for a CPU: "
+            "other processes on this host are taking its cores; its step time and "
+            "throughput are not judged meanwhile",
+            {"wait": value},
         )
 
 
@@ -60,7 +60,7 @@ class BusyClock:
     """One process's CPU-wait samples: which steps are held.
 
     A sample at step ``f`` covers the steps from ``f`` to the next sample's step; a step
-    is held when the latest sample at or before it reached ``busy_share``. Points come in
+    is held when the latest sample at or before it reached ``busy_wait``. Points come in
     step order, so only the last samples are kept (``trim``); a batch adds all of its
     samples, asks about its steps, then trims.
 
@@ -74,22 +74,22 @@ class BusyClock:
 
     KEEP = 64
 
-    def __init__(self, busy_share: float = BUSY_SHARE) -> None:
-        self.busy_share = busy_share
+    def __init__(self, busy_wait: float = BUSY_WAIT) -> None:
+        self.busy_wait = busy_wait
         self._steps: list[int] = []
         self._busy: list[bool] = []
 
-    def add(self, step: int, share: float) -> None:
+    def add(self, step: int, wait: float) -> None:
         """A sample; one that does not come after the last (a restart) starts anew."""
         if self._steps and step <= self._steps[-1]:
             self.rewind(step)
         self._steps.append(step)
-        self._busy.append(share >= self.busy_share)
+        self._busy.append(wait >= self.busy_wait)
 
-    def add_many(self, steps: np.ndarray, shares: np.ndarray) -> None:
+    def add_many(self, steps: np.ndarray, waits: np.ndarray) -> None:
         """Samples in step order (``add`` one by one)."""
-        for step, share in zip(steps.tolist(), shares.tolist(), strict=True):
-            self.add(step, share)
+        for step, wait in zip(steps.tolist(), waits.tolist(), strict=True):
+            self.add(step, wait)
 
     def trim(self) -> None:
         """Keep only the last ``KEEP`` samples (those a later point can still be under)."""

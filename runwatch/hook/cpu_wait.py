@@ -1,12 +1,13 @@
-"""How long the training thread waited for a CPU: the share of wall time it was runnable
-but not running, from Linux's per-thread scheduler statistics.
+"""How long the training process's threads waited for a CPU: the time they were runnable
+but not running, per second of wall time, from Linux's per-thread scheduler statistics.
 
 Why: on a shared machine a run's step time rises when other processes take its cores.
 That slowdown is real but it is not the run's fault, and a step-time alarm that cannot
-tell the two apart cries wolf on every busy machine. The writer reads this once per flush
-(a few microseconds every 0.25 s, off the training thread) and logs it as
-:data:`CPU_WAIT_METRIC` at the first step of the interval it covers; the Monitor holds the
-step-time and throughput alarms of steps whose thread waited (``runwatch.detect.busy``).
+tell the two apart cries wolf on every busy machine. Every thread counts: a PyTorch step
+waits for its slowest intra-op thread, not only for the Python one. The writer reads this
+once per flush (tens of microseconds every 0.25 s, off the training thread) and logs it
+as :data:`CPU_WAIT_METRIC` at the first step of the interval it covers; the Monitor holds
+the step-time and throughput alarms of steps that waited (``runwatch.detect.busy``).
 
 Where ``/proc/<pid>/task/<tid>/schedstat`` cannot be read (not Linux, a kernel without
 scheduler statistics) :meth:`CpuWait.open` returns None and nothing is logged.
@@ -16,62 +17,78 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 
 log = logging.getLogger("runwatch.hook")
 
 CPU_WAIT_METRIC = "host_cpu_wait"
-"""The share (0-1) of an interval the training thread spent waiting for a CPU."""
+"""Seconds the process's threads waited for a CPU per second of an interval (0.45: on
+average 0.45 of a thread was kept off a core; above 1 when several were)."""
 
 
 class CpuWait:
-    """The training thread's CPU wait, as a share of the time since the last reading."""
+    """The process's CPU wait since the last reading, summed over its threads."""
 
-    def __init__(self, fd: int, clock: Callable[[], int] = time.monotonic_ns) -> None:
-        self._fd = fd
+    def __init__(self, pid: int, clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self._tasks = f"/proc/{pid}/task"
         self._clock = clock
-        self._last = (clock(), self._waited_ns())
+        self._fds: dict[str, int] = {}  # thread id -> its open schedstat
+        self._waited: dict[str, int] = {}  # thread id -> its wait (ns) at the last reading
+        self._then = clock()
+        self._sum_waits()
 
     @classmethod
-    def open(cls, tid: int | None = None) -> CpuWait | None:
-        """A reader for thread ``tid`` (default: the calling thread), or None if this
-        system does not keep per-thread scheduler statistics."""
-        tid = threading.get_native_id() if tid is None else tid
-        path = f"/proc/{os.getpid()}/task/{tid}/schedstat"
+    def open(cls, pid: int | None = None) -> CpuWait | None:
+        """A reader for process ``pid`` (default: this one), or None if this system does
+        not keep per-thread scheduler statistics."""
         try:
-            fd = os.open(path, os.O_RDONLY)
+            reader = cls(os.getpid() if pid is None else pid)
         except OSError as exc:
             log.debug("no CPU wait readings: %s", exc)
             return None
-        try:
-            return cls(fd)
-        except (OSError, ValueError) as exc:
-            os.close(fd)
-            log.debug("no CPU wait readings from %s: %s", path, exc)
+        if not reader._fds:
             return None
+        return reader
 
-    def _waited_ns(self) -> int:
-        # schedstat: time on the CPU, time waiting on a run queue (both ns), time slices
-        return int(os.pread(self._fd, 128, 0).split()[1])
+    def _sum_waits(self) -> int:
+        """Each live thread's wait added since the last call (a new thread's, since it
+        began); the threads that ended are let go."""
+        tids = os.listdir(self._tasks)
+        added = 0
+        waited = {}
+        for tid in tids:
+            fd = self._fds.get(tid)
+            try:
+                if fd is None:
+                    fd = self._fds[tid] = os.open(f"{self._tasks}/{tid}/schedstat", os.O_RDONLY)
+                # schedstat: time on a CPU, time waiting on a run queue (ns), time slices
+                now = int(os.pread(fd, 128, 0).split()[1])
+            except (OSError, ValueError, IndexError):
+                continue  # the thread ended meanwhile
+            waited[tid] = now
+            added += now - self._waited.get(tid, 0)
+        for tid in self._fds.keys() - waited.keys():
+            os.close(self._fds.pop(tid))
+        self._waited = waited
+        return added
 
     def read(self) -> float | None:
-        """The share of the time since the last reading that the thread waited for a CPU;
-        None if no time passed or the thread is gone."""
+        """Seconds waited per second since the last reading; None if no time passed or
+        the process cannot be read."""
         try:
-            waited = self._waited_ns()
-        except (OSError, ValueError, IndexError):
+            added = self._sum_waits()
+        except OSError:
             return None
         now = self._clock()
-        then, waited_then = self._last
-        self._last = (now, waited)
-        if now <= then:
+        elapsed, self._then = now - self._then, now
+        if elapsed <= 0:
             return None
-        return min(max((waited - waited_then) / (now - then), 0.0), 1.0)
+        return max(added, 0) / elapsed
 
     def close(self) -> None:
-        """Let go of the statistics file."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        """Let go of the statistics files."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self._tasks = "/nonexistent"

@@ -179,7 +179,7 @@ class Run:
             flush_interval=flush_interval,
             retries=store_retries,
             sink=sink,
-            cpu_wait=CpuWait.open(),  # this thread is the training loop's
+            cpu_wait=CpuWait.open(),
         )
         # The hot path puts straight on the writer's queue: run.log bounds and counts itself.
         self._put = self._writer.worker.put

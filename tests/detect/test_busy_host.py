@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from runwatch.detect import Monitor, analyze_frame
-from runwatch.detect.busy import BUSY_SHARE, BusyClock
+from runwatch.detect.busy import BUSY_WAIT, BusyClock
 
 SAMPLE_EVERY = 20  # steps per CPU-wait sample (one per writer flush)
 
@@ -39,7 +39,7 @@ def test_a_slowdown_while_the_thread_waited_for_a_cpu_is_held_and_named():
     assert _by(found, "regression") == []
     (busy,) = _by(found, "host_busy")
     assert (busy.severity, busy.start_step, busy.end_step) == ("info", 400, 500)
-    assert "waited for a CPU 55%" in busy.message
+    assert "waited 0.55 s per second for a CPU" in busy.message
 
 
 def test_the_same_slowdown_with_no_cpu_wait_is_a_warning():
@@ -50,8 +50,8 @@ def test_the_same_slowdown_with_no_cpu_wait_is_a_warning():
     assert _by(found, "host_busy") == []
 
 
-def test_a_wait_below_the_busy_share_holds_nothing():
-    found = analyze_frame(_run((400, 519), 3.0, wait_during_slow=BUSY_SHARE / 2))
+def test_a_wait_below_the_busy_wait_holds_nothing():
+    found = analyze_frame(_run((400, 519), 3.0, wait_during_slow=BUSY_WAIT / 2))
     assert any(a.severity != "info" for a in _by(found, "regression"))
 
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import runwatch
-from runwatch.detect.busy import BUSY_SHARE
+from runwatch.detect.busy import BUSY_WAIT
 from runwatch.hook.cpu_wait import CPU_WAIT_METRIC, CpuWait
 
 pytestmark = pytest.mark.skipif(CpuWait.open() is None, reason="no per-thread schedstat")
@@ -60,11 +60,11 @@ def test_a_process_competing_for_the_core_shows_as_cpu_wait(tmp_path):
         os.sched_setaffinity(0, before)
     pts = runwatch.open_store(db, readonly=True).read_points("busy", [CPU_WAIT_METRIC])
     assert logged == step  # the samples are not counted as the run's points
-    assert pts["value"].between(0.0, 1.0).all()
+    assert (pts["value"] >= 0.0).all()
     assert pts["step"].is_monotonic_increasing and pts["step"].iloc[0] == 0
     during = pts[pts["step"] >= busy_from + 10]["value"]
     assert len(during) >= 2
-    assert during.median() >= max(BUSY_SHARE, 0.3)
+    assert during.median() >= max(BUSY_WAIT, 0.3)
 
 
 def test_a_closed_reader_or_an_unknown_thread_reads_nothing():
@@ -72,10 +72,10 @@ def test_a_closed_reader_or_an_unknown_thread_reads_nothing():
     assert reader is not None
     _work(0.01)
     first = reader.read()
-    assert first is not None and 0.0 <= first <= 1.0
+    assert first is not None and first >= 0.0
     reader.close()
     assert reader.read() is None
-    assert CpuWait.open(tid=2**31 - 1) is None
+    assert CpuWait.open(pid=2**22 + 12345) is None  # above any pid_max: no such process
 
 
 def test_a_run_slowed_by_a_process_on_its_core_is_held_live_as_on_replay(tmp_path):
