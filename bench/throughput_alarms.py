@@ -37,6 +37,9 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 CLEAN = ROOT / "bench" / "data" / "tiny_lm_clean"
+CLEAN_NO_WAIT = ROOT / "bench" / "data" / "tiny_lm_clean_no_wait"
+CPU_WAIT = "host_cpu_wait"
+BUSY_WAIT = 0.1  # runwatch.detect.busy.BUSY_WAIT; here too, for checkouts without it
 REAL = ROOT.parent / "shared" / "data" / "real_runs"
 KINDS = (("x1.5/50", 1.5, 50), ("x1.2/300", 1.2, 300))
 THROUGHPUT = ("step_time", "throughput")
@@ -52,8 +55,9 @@ def export(db: str, out: Path = CLEAN, steps: int = 1500) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     done = []
     for name in store.runs()["name"]:
-        pts = store.read_points(name, ["step_time_s", "tokens_per_s"])
-        if pts.empty or pts.groupby("metric")["step"].nunique().min() < steps:
+        pts = store.read_points(name, ["step_time_s", "tokens_per_s", CPU_WAIT])
+        timing = pts[pts["metric"] != CPU_WAIT]
+        if timing.empty or timing.groupby("metric")["step"].nunique().min() < steps:
             continue  # a run that crashed or was cut short is not a clean run
         df = pts[["step", "metric", "value"]].copy()
         df.insert(0, "run", name)
@@ -62,8 +66,20 @@ def export(db: str, out: Path = CLEAN, steps: int = 1500) -> list[str]:
     return done
 
 
-def clean_runs() -> dict[str, pd.DataFrame]:
-    return {p.name.split(".")[0]: pd.read_csv(p) for p in sorted(CLEAN.glob("*.csv.gz"))}
+def clean_runs(where: Path = CLEAN) -> dict[str, pd.DataFrame]:
+    return {p.name.split(".")[0]: pd.read_csv(p) for p in sorted(where.glob("*.csv.gz"))}
+
+
+def busy_wait(df: pd.DataFrame, t0: int, t1: int) -> float:
+    """The share of steps ``t0``..``t1`` whose CPU-wait sample (the latest at or before the
+    step) reached BUSY_WAIT: a slowdown there lands on a busy host."""
+    w = df[df["metric"] == CPU_WAIT].sort_values("step")
+    if w.empty:
+        return 0.0
+    steps = np.arange(t0, t1 + 1)
+    idx = np.searchsorted(w["step"].to_numpy(), steps, side="right") - 1
+    busy = np.append(w["value"].to_numpy() >= BUSY_WAIT, False)
+    return float(busy[idx].mean())
 
 
 def real_runs() -> dict[str, pd.DataFrame]:
@@ -168,12 +184,14 @@ def recall(runs: dict[str, pd.DataFrame], seed: int, repeats: int) -> dict:
     delay at warning+ and how many trials were masked (the clean copy already had a
     warning+ episode over the slowdown's steps: those are left out of the warning+
     recall). Caught: an episode overlaps the slowdown that the clean copy has not (at that
-    severity); its delay counts from the later of its start and the slowdown's."""
+    severity); its delay counts from the later of its start and the slowdown's.
+    ``warn_quiet``: the warning+ recall of the slowdowns of which at most half landed on
+    a busy host (``busy`` counts the others)."""
     rng = np.random.default_rng(seed)
     base = {run: _episodes(df) for run, df in runs.items()}
     res = {}
     for label, factor, dur in KINDS:
-        warn = anyc = n = masked = 0
+        warn = anyc = n = masked = busy = warn_quiet = 0
         delays = []
         for run, df in runs.items():
             if df["step"].nunique() < dur + 400:
@@ -189,11 +207,15 @@ def recall(runs: dict[str, pd.DataFrame], seed: int, repeats: int) -> dict:
                     masked += 1
                     continue
                 w = [a for a in eps if _warn(a)]
+                on_busy = busy_wait(df, t0, t1) > 0.5
+                busy += on_busy
                 if w:
                     warn += 1
+                    warn_quiet += not on_busy
                     delays.append(max(min(a.start_step for a in w), t0) - t0)
         res[label] = {"n": n, "masked": masked, "warn": warn / max(n - masked, 1),
-                      "any": anyc / max(n, 1),
+                      "any": anyc / max(n, 1), "busy": busy,
+                      "warn_quiet": warn_quiet / max(n - masked - busy, 1),
                       "delay": float(np.median(delays)) if delays else None}  # fmt: skip
     return res
 
@@ -226,14 +248,17 @@ def measure(seeds: list[int], repeats: int) -> dict:
 
     print(f"measuring {runwatch.detect.__file__}", file=sys.stderr)
 
-    clean, real = clean_runs(), real_runs()
+    clean, no_wait, real = clean_runs(), clean_runs(CLEAN_NO_WAIT), real_runs()
     return {
         "ddp": ddp_figures(),
         "clean": false_alarms(clean),
+        "clean_no_wait": false_alarms(no_wait),
         "real": false_alarms(real, _alarm_is_known),
         "recall_clean": {s: recall(clean, s, repeats) for s in seeds},
+        "recall_no_wait": {s: recall(no_wait, s, repeats) for s in seeds},
         "recall_real": {s: recall(real, s, repeats) for s in seeds},
         "runs": len(clean),
+        "runs_no_wait": len(no_wait),
     }
 
 
@@ -284,23 +309,28 @@ def table(results: dict[str, dict]) -> str:
         rows.append(f"| {name} | {goal} | " + " | ".join(f(r) for r in results.values()) + " |")
 
     first = next(iter(results.values()))
-    c, r = first["clean"], first["real"]
-    row(
-        f"warnings per 100k clean steps, {first['runs']} tiny-LM CPU runs ({c['steps']} steps)",
-        "<= 1",
-        lambda x: f"{x['clean']['warn_100k']:.0f} ({x['clean']['warn']})",
+    r = first["real"]
+    sets = (
+        ("clean", f"{first['runs']} tiny-LM CPU runs with CPU wait"),
+        ("clean_no_wait", f"{first['runs_no_wait']} older tiny-LM CPU runs, no CPU wait"),
     )
-    row(
-        "warning incidents per 100k, same runs (alerts: one per incident)",
-        "<= 1",
-        lambda x: (
-            "no incidents"
-            if x["clean"].get("incidents_100k") is None
-            else f"{x['clean']['incidents_100k']:.0f} ({x['clean']['incidents']})"
-        ),
-    )
-    row("info episodes per 100k, same runs", "-",
-        lambda x: f"{x['clean']['info_100k']:.0f}")  # fmt: skip
+    for key, name in sets:
+        row(
+            f"warnings per 100k clean steps, {name} ({first[key]['steps']} steps)",
+            "<= 1",
+            lambda x, k=key: f"{x[k]['warn_100k']:.0f} ({x[k]['warn']})",
+        )
+        row(
+            "warning incidents per 100k, same runs (alerts: one per incident)",
+            "<= 1",
+            lambda x, k=key: (
+                "no incidents"
+                if x[k].get("incidents_100k") is None
+                else f"{x[k]['incidents_100k']:.0f} ({x[k]['incidents']})"
+            ),
+        )
+        row("info episodes per 100k, same runs", "-",
+            lambda x, k=key: f"{x[k]['info_100k']:.0f}")  # fmt: skip
     row(
         f"warnings per 100k steps, real GPU runs' step time ({r['steps']} steps)",
         "<= 1",
@@ -316,9 +346,29 @@ def table(results: dict[str, dict]) -> str:
         "rank 3, both",
         lambda x: " ".join(f"{r}:{a}-{b}" for r, a, b in x["ddp"]["straggler"]) or "none",
     )
-    for where, key in (("tiny-LM CPU runs", "recall_clean"), ("real GPU runs", "recall_real")):
+    recalls = (
+        ("tiny-LM CPU runs with CPU wait", "recall_clean"),
+        ("older tiny-LM CPU runs", "recall_no_wait"),
+        ("real GPU runs", "recall_real"),
+    )
+    for where, key in recalls:
         for label, _, _ in KINDS:
             n = first[key][next(iter(first[key]))][label]["n"]
+            if key == "recall_clean":
+                row(
+                    f"recall {label}, {where}, warning+, slowdowns not on a busy host",
+                    ">= 0.95",
+                    lambda x, k=key, lb=label: _spread(
+                        [v[lb]["warn_quiet"] for v in x[k].values()]
+                    ),
+                )
+                row(
+                    f"slowdowns {label} on a busy host, {where} (per seed)",
+                    "-",
+                    lambda x, k=key, lb=label: _spread(
+                        [float(v[lb].get("busy", 0)) for v in x[k].values()]
+                    ),
+                )
             for sev in ("warn", "any"):
                 row(
                     f"recall {label}, {where}, {'warning+' if sev == 'warn' else 'any severity'}"
@@ -339,7 +389,11 @@ def table(results: dict[str, dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--before", default="/tmp/wt-before", help="the older checkout")
+    p.add_argument(
+        "--before",
+        default="/tmp/wt-before,/tmp/wt-landed",
+        help="older checkouts, comma-separated (each labelled by its commit)",
+    )
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--repeats", type=int, default=3, help="slowdowns per run, kind and seed")
     p.add_argument("--export", metavar="DB", help="export the clean tiny-LM runs of DB")
@@ -353,18 +407,22 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(seeds, args.repeats)))
         return 0
     results = {}
-    if Path(args.before, "runwatch").is_dir():
-        results["before (8ca7193)"] = _in(Path(args.before), seeds, args.repeats)
-    else:
-        print(f"no older checkout at {args.before}: the table has no anchor", file=sys.stderr)
+    for before in args.before.split(","):
+        if not Path(before, "runwatch").is_dir():
+            print(f"no older checkout at {before}: no anchor from it", file=sys.stderr)
+            continue
+        rev = subprocess.run(["git", "-C", before, "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True).stdout.strip()  # fmt: skip
+        results[f"before ({rev})"] = _in(Path(before), seeds, args.repeats)
     results["after"] = _in(ROOT, seeds, args.repeats)
     print(table(results))
-    nat = natural_slowdowns(clean_runs())
-    print(
-        "\nnatural slowdowns already in the clean tiny-LM runs, per 100k steps (a median of"
-        " the kind's duration at least its factor x the median of the 256 steps before): "
-        + ", ".join(f"{k} {v:.0f}" for k, v in nat.items())
-    )
+    for name, where in (("with CPU wait", CLEAN), ("older, no CPU wait", CLEAN_NO_WAIT)):
+        nat = natural_slowdowns(clean_runs(where))
+        print(
+            f"\nnatural slowdowns already in the clean tiny-LM runs {name}, per 100k steps (a"
+            " median of the kind's duration at least its factor x the median of the 256"
+            " steps before): " + ", ".join(f"{k} {v:.0f}" for k, v in nat.items())
+        )
     for name, res in results.items():
         print(f"\n{name}: clean-run warnings at {res['clean']['where']}")
         print(f"{name}: real-run warnings at {res['real']['where']}")

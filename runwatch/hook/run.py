@@ -98,6 +98,7 @@ class Run:
         prometheus_port: int | None = None,
         system_metrics: bool = False,
         system_metrics_interval: float = 10.0,
+        cpu_wait: bool = True,
         dcgm: str | None = None,
         dcgm_interval: float = 15.0,
         dcgm_hosts: Sequence[str] | None = None,
@@ -179,7 +180,7 @@ class Run:
             flush_interval=flush_interval,
             retries=store_retries,
             sink=sink,
-            cpu_wait=CpuWait.open(),
+            cpu_wait=CpuWait.open() if cpu_wait else None,
         )
         # The hot path puts straight on the writer's queue: run.log bounds and counts itself.
         self._put = self._writer.worker.put
@@ -485,6 +486,11 @@ def init(
         ``/metrics`` on 127.0.0.1:P (0 picks a free port).
     system_metrics, system_metrics_interval
         Poll NVML and the host every ``system_metrics_interval`` s (default 10).
+    cpu_wait
+        Record how long this process's threads waited for a CPU (``host_cpu_wait``, Linux),
+        so that steps slowed by a busy host are not judged as the run's slowdowns (default
+        on). Turn it off when the step times you log were not measured in this process (a
+        simulation, another job's log replayed).
     dcgm, dcgm_interval, dcgm_hosts
         ``dcgm=URL`` (or ``$RUNWATCH_DCGM_URL``): read the GPUs' DCGM exporter metrics from
         that Prometheus every ``dcgm_interval`` s (default 15, the exporter's usual scrape

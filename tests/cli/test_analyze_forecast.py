@@ -41,7 +41,9 @@ FORECAST_KEYS = {
 
 def _log_curve(db_path, name="r", n=2000, nan_at=None, monitor=True, config=None):
     rng = np.random.default_rng(0)
-    with runwatch.init(name=name, store=db_path, monitor=monitor, config=config) as run:
+    with runwatch.init(
+        name=name, store=db_path, monitor=monitor, config=config, cpu_wait=False
+    ) as run:
         for step in range(1, n + 1):
             loss = 2.0 + 8.0 * (step + 20.0) ** -0.4 + rng.normal(0, 0.01)
             if step == nan_at:
@@ -339,7 +341,7 @@ def test_analyze_tells_its_progress_phase_by_phase_to_every_point(db_path, fast,
     if not fast:  # the batch path refuses; the streaming path replays every row
         monkeypatch.setattr(replay, "_batch", lambda *args: False)
     _log_curve(db_path, n=1000, monitor=False)
-    with runwatch.init(name="r", store=db_path, resume=True, monitor=False) as run:
+    with runwatch.init(name="r", store=db_path, resume=True, monitor=False, cpu_wait=False) as run:
         for step in range(1001, 1101):
             run.log({"grad_norm": 0.5}, step=step)
     calls: list[tuple[str, int, int]] = []

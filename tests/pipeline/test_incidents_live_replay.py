@@ -13,7 +13,8 @@ def _log_faulty_run(db_path) -> None:
     """A real hook run: recurring loss spikes, a NaN, a slowdown seen by step time and
     tokens/s, and an Xid followed by NCCL timeouts on several ranks."""
     rng = np.random.default_rng(7)
-    with runwatch.init(name="faulty", store=db_path) as run:
+    # The step times are made up: this process's CPU wait must not hold them.
+    with runwatch.init(name="faulty", store=db_path, cpu_wait=False) as run:
         for step in range(1, 3001):
             loss = 2.0 + 6.0 * (step + 10.0) ** -0.35 + rng.normal(0, 0.004)
             if step % 400 == 0:

@@ -34,6 +34,7 @@ def _rank_run(server, name, rank, world, launch, tmp_path, **backend_options):
         labels=rank_labels(env, host="node-a"),
         monitor=False,
         flush_interval=0.05,
+        cpu_wait=False,  # ranks simulated by threads of one process
     )
 
 

@@ -37,7 +37,7 @@ def test_token_from_the_environment_and_all_ranks_opt_out(server, monkeypatch, t
     monkeypatch.setenv("RUNWATCH_SPILL_DIR", str(tmp_path / "spill"))
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
-    with runwatch.init(name="env", all_ranks=True) as run:
+    with runwatch.init(name="env", all_ranks=True, cpu_wait=False) as run:
         run.log({"loss": 1.0}, step=0)
     with open_store(str(server.db), readonly=True) as store:
         series = store.series("env")
