@@ -1,26 +1,26 @@
 """Throughput and step-time alarms on real clean runs, and recall of injected slowdowns.
 
-    python bench/throughput_alarms.py                      # the table, before vs after
+    python bench/throughput_alarms.py                  # the table, older checkouts vs this
     python bench/throughput_alarms.py --before /tmp/wt-before --seeds 3
-    python bench/throughput_alarms.py --export /tmp/tput_runs/clean.db   # refresh the data
+    python bench/throughput_alarms.py --export DB --to bench/data/tiny_lm_quiet   # new data
 
-What it measures (issue 17, item 6), for the code of this checkout ("after") and of an
-older checkout ("before", ``git worktree add /tmp/wt-before 8ca7193`` with its ``.pyx``
+What it measures (issue 17, item 6), for the code of this checkout ("after") and of older
+checkouts ("before", e.g. ``git worktree add /tmp/wt-before 8ca7193`` with its ``.pyx``
 built in place), each in a subprocess that imports only its own checkout:
 
 1. False alarms: regression episodes of severity warning or worse, per 100,000 clean
-   steps, on the tiny-LM runs made on this loaded 2-core machine
-   (``bench/data/tiny_lm_clean/*.csv.gz``: ``step_time_s`` and ``tokens_per_s`` of
+   steps, on each set of tiny-LM runs made on this 2-core machine (``CPU_SETS``:
+   ``step_time_s``, ``tokens_per_s`` and, where the hook read it, ``host_cpu_wait`` of
    ``examples/train_tiny_lm.py``, 1,500 steps each) and on the step-time / throughput
    series of the real runs in ``../shared/data/real_runs`` (quiet GPU clusters; episodes
    on the real events that ``bench/detection.py`` lists in ``KNOWN_EVENTS`` are not false).
    Info episodes are counted beside them.
-2. Recall: copies of the clean tiny-LM runs with a slowdown injected at a seeded random
-   position (step time x1.5 for 50 steps, x1.2 for 300 steps; tokens/s divided alike),
-   also into the real runs' step time. Caught = a regression episode on the slowed
-   series that starts inside the slowdown; recall at warning+ and at any severity, and the
-   median delay (steps from the slowdown's start). Each seed places every slowdown anew;
-   the spread over seeds is printed.
+2. Recall: copies of the clean runs with a slowdown injected at a seeded random position
+   (step time x1.5 for 50 steps, x1.2 for 300 steps; tokens/s divided alike; the CPU wait
+   left as it was, since the run, not the host, slowed), also into the real runs' step
+   time. Recall at warning+ and at any severity, the median delay (steps from the
+   slowdown's start), and the warning+ recall of the slowdowns that did not land on a
+   busy host. Each seed places every slowdown anew; the spread over seeds is printed.
 """
 
 from __future__ import annotations
@@ -36,8 +36,14 @@ import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
-CLEAN = ROOT / "bench" / "data" / "tiny_lm_clean"
-CLEAN_NO_WAIT = ROOT / "bench" / "data" / "tiny_lm_clean_no_wait"
+DATA = ROOT / "bench" / "data"
+CLEAN = DATA / "tiny_lm_clean"
+CPU_SETS = (
+    ("busy", "tiny_lm_clean", "tiny-LM CPU runs on a busy machine, with CPU wait"),
+    ("quiet", "tiny_lm_quiet", "tiny-LM CPU runs on a quiet machine, with CPU wait"),
+    ("no_wait", "tiny_lm_clean_no_wait", "older tiny-LM CPU runs, no CPU wait"),
+)
+"""(key, directory under bench/data, what the runs are) of each set of clean CPU runs."""
 CPU_WAIT = "host_cpu_wait"
 BUSY_WAIT = 0.1  # runwatch.detect.busy.BUSY_WAIT; here too, for checkouts without it
 REAL = ROOT.parent / "shared" / "data" / "real_runs"
@@ -248,18 +254,18 @@ def measure(seeds: list[int], repeats: int) -> dict:
 
     print(f"measuring {runwatch.detect.__file__}", file=sys.stderr)
 
-    clean, no_wait, real = clean_runs(), clean_runs(CLEAN_NO_WAIT), real_runs()
-    return {
-        "ddp": ddp_figures(),
-        "clean": false_alarms(clean),
-        "clean_no_wait": false_alarms(no_wait),
-        "real": false_alarms(real, _alarm_is_known),
-        "recall_clean": {s: recall(clean, s, repeats) for s in seeds},
-        "recall_no_wait": {s: recall(no_wait, s, repeats) for s in seeds},
-        "recall_real": {s: recall(real, s, repeats) for s in seeds},
-        "runs": len(clean),
-        "runs_no_wait": len(no_wait),
-    }
+    out: dict = {"ddp": ddp_figures(), "cpu": {}}
+    for key, where, _ in CPU_SETS:
+        runs = clean_runs(DATA / where)
+        out["cpu"][key] = {
+            "runs": len(runs),
+            "clean": false_alarms(runs),
+            "recall": {s: recall(runs, s, repeats) for s in seeds},
+        }
+    real = real_runs()
+    out["real"] = false_alarms(real, _alarm_is_known)
+    out["recall_real"] = {s: recall(real, s, repeats) for s in seeds}
+    return out
 
 
 def natural_slowdowns(runs: dict[str, pd.DataFrame], base: int = 256) -> dict[str, float]:
@@ -310,27 +316,27 @@ def table(results: dict[str, dict]) -> str:
 
     first = next(iter(results.values()))
     r = first["real"]
-    sets = (
-        ("clean", f"{first['runs']} tiny-LM CPU runs with CPU wait"),
-        ("clean_no_wait", f"{first['runs_no_wait']} older tiny-LM CPU runs, no CPU wait"),
-    )
-    for key, name in sets:
+    for key, _, name in CPU_SETS:
+        c = first["cpu"][key]
         row(
-            f"warnings per 100k clean steps, {name} ({first[key]['steps']} steps)",
+            f"warnings per 100k clean steps, {c['runs']} {name} ({c['clean']['steps']} steps)",
             "<= 1",
-            lambda x, k=key: f"{x[k]['warn_100k']:.0f} ({x[k]['warn']})",
+            lambda x, k=key: (
+                f"{x['cpu'][k]['clean']['warn_100k']:.0f} ({x['cpu'][k]['clean']['warn']})"
+            ),
         )
         row(
             "warning incidents per 100k, same runs (alerts: one per incident)",
             "<= 1",
             lambda x, k=key: (
                 "no incidents"
-                if x[k].get("incidents_100k") is None
-                else f"{x[k]['incidents_100k']:.0f} ({x[k]['incidents']})"
+                if x["cpu"][k]["clean"].get("incidents_100k") is None
+                else f"{x['cpu'][k]['clean']['incidents_100k']:.0f} "
+                f"({x['cpu'][k]['clean']['incidents']})"
             ),
         )
         row("info episodes per 100k, same runs", "-",
-            lambda x, k=key: f"{x[k]['info_100k']:.0f}")  # fmt: skip
+            lambda x, k=key: f"{x['cpu'][k]['clean']['info_100k']:.0f}")  # fmt: skip
     row(
         f"warnings per 100k steps, real GPU runs' step time ({r['steps']} steps)",
         "<= 1",
@@ -346,27 +352,29 @@ def table(results: dict[str, dict]) -> str:
         "rank 3, both",
         lambda x: " ".join(f"{r}:{a}-{b}" for r, a, b in x["ddp"]["straggler"]) or "none",
     )
-    recalls = (
-        ("tiny-LM CPU runs with CPU wait", "recall_clean"),
-        ("older tiny-LM CPU runs", "recall_no_wait"),
-        ("real GPU runs", "recall_real"),
-    )
+    recalls = [(name, ("cpu", key)) for key, _, name in CPU_SETS]
+    recalls.append(("real GPU runs", ("recall_real",)))
+
+    def rec(x, path):
+        return x["cpu"][path[1]]["recall"] if path[0] == "cpu" else x[path[0]]
+
     for where, key in recalls:
         for label, _, _ in KINDS:
-            n = first[key][next(iter(first[key]))][label]["n"]
-            if key == "recall_clean":
+            seeds = rec(first, key)
+            n = seeds[next(iter(seeds))][label]["n"]
+            if key[0] == "cpu" and key[1] != "no_wait":
                 row(
                     f"recall {label}, {where}, warning+, slowdowns not on a busy host",
                     ">= 0.95",
                     lambda x, k=key, lb=label: _spread(
-                        [v[lb]["warn_quiet"] for v in x[k].values()]
+                        [v[lb].get("warn_quiet", v[lb]["warn"]) for v in rec(x, k).values()]
                     ),
                 )
                 row(
                     f"slowdowns {label} on a busy host, {where} (per seed)",
                     "-",
                     lambda x, k=key, lb=label: _spread(
-                        [float(v[lb].get("busy", 0)) for v in x[k].values()]
+                        [float(v[lb].get("busy", 0)) for v in rec(x, k).values()]
                     ),
                 )
             for sev in ("warn", "any"):
@@ -374,13 +382,15 @@ def table(results: dict[str, dict]) -> str:
                     f"recall {label}, {where}, {'warning+' if sev == 'warn' else 'any severity'}"
                     f" ({n} per seed)",
                     ">= 0.95" if sev == "warn" else "-",
-                    lambda x, k=key, lb=label, s=sev: _spread([v[lb][s] for v in x[k].values()]),
+                    lambda x, k=key, lb=label, s=sev: _spread(
+                        [v[lb][s] for v in rec(x, k).values()]
+                    ),
                 )
             row(
                 f"median delay {label}, {where}, warning+ (steps)",
                 "-",
                 lambda x, k=key, lb=label: _spread(
-                    [v[lb]["delay"] for v in x[k].values() if v[lb]["delay"] is not None]
+                    [v[lb]["delay"] for v in rec(x, k).values() if v[lb]["delay"] is not None]
                     or [float("nan")]
                 ),
             )
@@ -397,10 +407,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--repeats", type=int, default=3, help="slowdowns per run, kind and seed")
     p.add_argument("--export", metavar="DB", help="export the clean tiny-LM runs of DB")
+    p.add_argument("--to", default=str(CLEAN), help="where --export writes (a CPU_SETS dir)")
     p.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.export:
-        print("\n".join(export(args.export)))
+        print("\n".join(export(args.export, Path(args.to))))
         return 0
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.measure:
@@ -416,15 +427,16 @@ def main(argv: list[str] | None = None) -> int:
         results[f"before ({rev})"] = _in(Path(before), seeds, args.repeats)
     results["after"] = _in(ROOT, seeds, args.repeats)
     print(table(results))
-    for name, where in (("with CPU wait", CLEAN), ("older, no CPU wait", CLEAN_NO_WAIT)):
-        nat = natural_slowdowns(clean_runs(where))
+    for _, where, name in CPU_SETS:
+        nat = natural_slowdowns(clean_runs(DATA / where))
         print(
-            f"\nnatural slowdowns already in the clean tiny-LM runs {name}, per 100k steps (a"
+            f"\nnatural slowdowns already in the {name}, per 100k steps (a"
             " median of the kind's duration at least its factor x the median of the 256"
             " steps before): " + ", ".join(f"{k} {v:.0f}" for k, v in nat.items())
         )
     for name, res in results.items():
-        print(f"\n{name}: clean-run warnings at {res['clean']['where']}")
+        for key, _, what in CPU_SETS:
+            print(f"\n{name}: warnings on the {what} at {res['cpu'][key]['clean']['where']}")
         print(f"{name}: real-run warnings at {res['real']['where']}")
     return 0
 
