@@ -43,9 +43,14 @@ AFTERMATH_S = 1800.0
 """Failure events this long after an attempt's first one, in that attempt, are its
 consequences: the peers of a dead rank time out in NCCL's watchdog (10 min by default)."""
 MAX_OCCURRENCES = 1000
+PEER_RANKS = 4
+"""From this many ranks reporting a metric (the straggler detector's minimum), a rank's
+slowdown against its own baseline is judged against its peers: alone, and not named a
+straggler, it is info."""
 """Occurrences listed in an incident's details; the count is always complete."""
 
 _THROUGHPUT_ROLES = ("step_time", "throughput")
+_WARNING = severity_rank("warning")
 _RANKLESS = ("straggler", "throughput")  # shape families that drop ranks when shared
 
 
@@ -82,11 +87,13 @@ def form_incidents(
     members: Sequence[Member],
     roles: Mapping[str, str] | None = None,
     attempt_starts: Mapping[int, int | None] | None = None,
+    ranks: Mapping[str, int] | None = None,
 ) -> list[Incident]:
     """Group ``members`` into incidents, in order of their first step.
 
     ``roles`` overrides metric roles as ``Monitor(config)`` does; ``attempt_starts`` maps an
-    attempt to the step it resumed from, to count the steps a crash cost.
+    attempt to the step it resumed from, to count the steps a crash cost; ``ranks`` maps a
+    metric to how many ranks report it (for :data:`PEER_RANKS`).
     """
     ms = sorted(members, key=Member.order)
     roles = dict(roles or {})
@@ -112,7 +119,8 @@ def form_incidents(
     for chain in chains.values():
         patterns[_shape(chain, ms, roles)].append(chain)
     incidents = [
-        _incident(shape, group, ms, attempt_starts or {}) for shape, group in patterns.items()
+        _incident(shape, group, ms, attempt_starts or {}, ranks or {})
+        for shape, group in patterns.items()
     ]
     incidents.sort(key=lambda inc: (inc.first_step is None, inc.first_step or 0, inc.key))
     return incidents
@@ -167,7 +175,8 @@ def _family(m: Member, roles: Mapping[str, str]) -> str | None:
 
 def _overlaps(ms: Sequence[Member], roles: Mapping[str, str]) -> list[tuple[int, int]]:
     """Links between anomalies whose steps overlap (within ``CHAIN_SLACK``), by family:
-    throughput with throughput (any rank: a shared slowdown), stragglers with their rank's
+    throughput with throughput (one process's, or warnings on any rank: a shared
+    slowdown), stragglers with their rank's
     throughput, hardware and busy host, NaNs with NaNs, busy processes on one host."""
     tagged = [
         (m.step, m.end_step if m.end_step is not None else m.step, i, fam)
@@ -188,8 +197,14 @@ def _overlaps(ms: Sequence[Member], roles: Mapping[str, str]) -> list[tuple[int,
 
 def _co_occur(a: Member, fa: str, b: Member, fb: str) -> bool:
     pair = {fa, fb}
-    if pair == {"throughput"} or pair == {"nonfinite"}:
+    if pair == {"nonfinite"}:
         return True
+    if pair == {"throughput"}:
+        # One process's series always; across ranks only warnings (a shared slowdown),
+        # or the info noise of many ranks chains a whole run into one incident.
+        warned = min(severity_rank(a.severity), severity_rank(b.severity)) >= _WARNING
+        return a.labels == b.labels or _same_device(a, b) or warned
+
     if pair <= {"straggler", "throughput", "hardware", "busy"} and fa != fb:
         return _same_device(a, b)
     if pair == {"busy"}:  # the processes of one host are busy at once: the host is
@@ -267,6 +282,7 @@ def _incident(
     group: list[list[int]],
     ms: Sequence[Member],
     attempt_starts: Mapping[int, int | None],
+    ranks: Mapping[str, int],
 ) -> Incident:
     group.sort(key=lambda chain: ms[chain[0]].order())
     everyone = sorted((i for chain in group for i in chain), key=lambda i: ms[i].order())
@@ -275,6 +291,9 @@ def _incident(
     ends = [m.end_step if m.end_step is not None else m.step for m in members]
     ends = [e for e in ends if e is not None]
     severity = max((m.severity for m in members), key=severity_rank)
+    peers = _peers_of_lone_rank(members, ranks) if severity != "info" else 0
+    if peers:
+        severity = "info"
     lead = _cause([ms[i] for i in group[0]])
     lead_event = lead if lead.kind == "event" else None
     occurrences = [_occurrence([ms[i] for i in chain], attempt_starts) for chain in group]
@@ -283,6 +302,10 @@ def _incident(
         "at": occurrences[:MAX_OCCURRENCES],
         "kinds": sorted({f"{m.kind}:{m.what}" for m in members}),
     }
+    if peers:
+        details["peers"] = (
+            f"slower than its own baseline, not named a straggler against its {peers} peers: info"
+        )
     main = main_member(members)
     sizes = [
         (s, m.step)
@@ -314,6 +337,19 @@ def _incident(
         is_active=any(m.is_open for m in members),
         details=details,
     )
+
+
+def _peers_of_lone_rank(members: Sequence[Member], ranks: Mapping[str, int]) -> int:
+    """How many peers judge these members, when they are one rank's slowdowns alone (only
+    regression episodes, one rank, a metric at least PEER_RANKS ranks report); else 0."""
+    if any(m.kind != "anomaly" or m.what != "regression" for m in members):
+        return 0
+    if len({m.label_dict.get("rank") for m in members}) != 1:
+        return 0
+    if members[0].label_dict.get("rank") is None:
+        return 0
+    n = min(ranks.get(m.metric or "", 0) for m in members)
+    return n - 1 if n >= PEER_RANKS else 0
 
 
 def _occurrence(chain: list[Member], attempt_starts: Mapping[int, int | None]) -> dict[str, Any]:

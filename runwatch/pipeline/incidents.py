@@ -49,8 +49,10 @@ def form_run_incidents(
         int(a): (None if s is None or s != s else int(s))
         for a, s in zip(attempts["attempt"], attempts["start_step"], strict=True)
     }
-    incidents = form_incidents(members, roles, starts)
-    explain(store, run_id, incidents)
+    series = store.series(run_id)
+    ranks = series.dropna(subset=["rank"]).groupby("metric")["rank"].nunique().to_dict()
+    incidents = form_incidents(members, roles, starts, ranks)
+    explain(store, run_id, incidents, series)
     return incidents
 
 
@@ -102,12 +104,13 @@ def event_members(frame: pd.DataFrame) -> list[Member]:
     return out
 
 
-def explain(store: Store, run_id: int, incidents: list[Incident]) -> None:
-    """Rank each incident's hypotheses against the run's exposure, in place."""
+def explain(store: Store, run_id: int, incidents: list[Incident], series: pd.DataFrame) -> None:
+    """Rank each incident's hypotheses against the run's exposure (``series``: the run's
+    ``store.series``), in place."""
     needs = [inc for inc in incidents if inc.details.get("occurrences", 0) > 1]
     if not needs:
         return
-    exposure = _exposure(store, run_id)
+    exposure = _exposure(store, run_id, series)
     for inc in needs:
         occurrences = [dict(o) for o in inc.details["at"]]
         if not occurrences:
@@ -132,10 +135,9 @@ def explain(store: Store, run_id: int, incidents: list[Incident]) -> None:
         inc.details["summary"] = summarize(ranked)
 
 
-def _exposure(store: Store, run_id: int) -> dict[str, dict[Any, float]]:
+def _exposure(store: Store, run_id: int, series: pd.DataFrame) -> dict[str, dict[Any, float]]:
     """Per attribute, each value's weight: ranks on a host, each rank and GPU once, steps
     under a context value."""
-    series = store.series(run_id)
     pairs = series[[c for c in ("rank", "host", "gpu") if c in series.columns]]
     out: dict[str, dict[Any, float]] = {}
     ranks = pairs["rank"].dropna().unique() if "rank" in pairs else []

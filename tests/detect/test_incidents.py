@@ -105,3 +105,26 @@ def test_a_divergence_after_a_loss_spike_is_one_chain_apart_from_routine_spikes(
     assert len(crit) == 1
     assert sorted(crit[0].members) == [("anomaly", 5), ("anomaly", 99)]
     assert crit[0].title.startswith("loss divergence of ×3 with loss spike")
+
+
+def test_one_ranks_own_slowdown_is_judged_against_its_peers():
+    """Among 10 ranks, rank 1 slower than its own baseline but not named a straggler is
+    info; named a straggler, or with only 2 ranks to compare with, it stays a warning."""
+    alone = [_slow(0, 300, "step_time", rank=1), _slow(1, 302, "tokens_per_s", rank=1)]
+    (inc,) = form_incidents(alone, ranks={"step_time": 10, "tokens_per_s": 10})
+    assert inc.severity == "info" and "9 peers" in inc.details["peers"]
+
+    named = [*alone, _slow(2, 305, "step_time", rank=1, what="straggler")]
+    (inc,) = form_incidents(named, ranks={"step_time": 10, "tokens_per_s": 10})
+    assert inc.severity == "warning" and "peers" not in inc.details
+
+    (inc,) = form_incidents(alone, ranks={"step_time": 2, "tokens_per_s": 2})
+    assert inc.severity == "warning"
+    (inc,) = form_incidents(alone)  # no rank counts known: nothing to judge against
+    assert inc.severity == "warning"
+
+
+def test_a_slowdown_every_rank_shares_is_not_cleared_by_the_peers():
+    shared = [_slow(i, 300 + i, "step_time", rank=i) for i in range(6)]
+    (inc,) = form_incidents(shared, ranks={"step_time": 6})
+    assert inc.severity == "warning" and "peers" not in inc.details
