@@ -43,6 +43,9 @@ AFTERMATH_S = 1800.0
 """Failure events this long after an attempt's first one, in that attempt, are its
 consequences: the peers of a dead rank time out in NCCL's watchdog (10 min by default)."""
 MAX_OCCURRENCES = 1000
+CONTEXT_ONLY = ("host_busy",)
+"""Episodes that join the incident of a symptom they overlap but make none alone: a busy
+host explains a slowdown; with no slowdown there is nothing to judge."""
 PEER_RANKS = 4
 """From this many ranks reporting a metric (the straggler detector's minimum), a rank's
 slowdown against its own baseline is judged against its peers: alone, and not named a
@@ -117,6 +120,8 @@ def form_incidents(
         chains[find(i)].append(i)
     patterns: dict[str, list[list[int]]] = defaultdict(list)
     for chain in chains.values():
+        if all(ms[i].what in CONTEXT_ONLY for i in chain):
+            continue
         patterns[_shape(chain, ms, roles)].append(chain)
     incidents = [
         _incident(shape, group, ms, attempt_starts or {}, ranks or {})
@@ -206,7 +211,7 @@ def _co_occur(a: Member, fa: str, b: Member, fb: str) -> bool:
         return a.labels == b.labels or _same_device(a, b) or warned
 
     if pair <= {"straggler", "throughput", "hardware", "busy"} and fa != fb:
-        return _same_device(a, b)
+        return a.labels == b.labels or _same_device(a, b)
     if pair == {"busy"}:  # the processes of one host are busy at once: the host is
         return a.label_dict.get("host") == b.label_dict.get("host")
     return False

@@ -128,3 +128,10 @@ def test_a_slowdown_every_rank_shares_is_not_cleared_by_the_peers():
     shared = [_slow(i, 300 + i, "step_time", rank=i) for i in range(6)]
     (inc,) = form_incidents(shared, ranks={"step_time": 6})
     assert inc.severity == "warning" and "peers" not in inc.details
+
+
+def test_a_busy_host_joins_the_slowdown_it_explains_and_makes_no_incident_alone():
+    busy = Member("anomaly", 0, "host_busy", 100, 180, "info", "host_cpu_wait")
+    assert form_incidents([busy]) == []
+    (inc,) = form_incidents([busy, _slow(1, 150, "step_time")])
+    assert sorted(inc.members) == [("anomaly", 0), ("anomaly", 1)]
