@@ -208,16 +208,19 @@ def _co_occur(a: Member, fa: str, b: Member, fb: str) -> bool:
         # One process's series always; across ranks only warnings (a shared slowdown),
         # or the info noise of many ranks chains a whole run into one incident.
         warned = min(severity_rank(a.severity), severity_rank(b.severity)) >= _WARNING
-        return a.labels == b.labels or _same_device(a, b) or warned
-
+        return _same_device(a, b) or warned
     if pair <= {"straggler", "throughput", "hardware", "busy"} and fa != fb:
-        return a.labels == b.labels or _same_device(a, b)
+        return _same_device(a, b)
     if pair == {"busy"}:  # the processes of one host are busy at once: the host is
         return a.label_dict.get("host") == b.label_dict.get("host")
     return False
 
 
 def _same_device(a: Member, b: Member) -> bool:
+    """One process or GPU: the same labels (none, for a single-process run), the same
+    rank, or the same host and GPU."""
+    if a.labels == b.labels:
+        return True
     la, lb = a.label_dict, b.label_dict
     if la.get("rank") is not None and la.get("rank") == lb.get("rank"):
         return True
