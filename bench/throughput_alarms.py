@@ -114,26 +114,28 @@ def _warn(a) -> bool:
     return a.severity in ("warning", "critical")
 
 
+def _members(episodes: list) -> list | None:
+    """Anomaly episodes as incident members (their labels, the empty ones left out); None
+    for code that forms no incidents."""
+    try:
+        from runwatch.detect.incidents import Member
+    except ImportError:
+        return None
+    return [
+        Member("anomaly", i, a.detector, a.start_step, a.end_step, a.severity, a.metric,
+               tuple(sorted((k, v) for k, v in a.labels.items() if v is not None)))
+        for i, a in enumerate(episodes)
+    ]  # fmt: skip
+
+
 def _warning_incidents(episodes: list) -> int | None:
     """How many incidents the warning+ episodes of one run make (what a person is alerted
     about: one notification per incident); None for code that forms no incidents."""
-    try:
-        from runwatch.detect.incidents import Member, form_incidents
-    except ImportError:
+    members = _members(episodes)
+    if members is None:
         return None
-    members = [
-        Member(
-            "anomaly",
-            i,
-            a.detector,
-            a.start_step,
-            a.end_step,
-            a.severity,
-            a.metric,
-            tuple(sorted(a.labels.items())),
-        )
-        for i, a in enumerate(episodes)
-    ]
+    from runwatch.detect.incidents import form_incidents
+
     return sum(inc.severity != "info" for inc in form_incidents(members))
 
 
@@ -252,15 +254,11 @@ def ddp_figures() -> dict:
 def _incident_ranks(episodes: list, ranks: int) -> list[int] | None:
     """The ranks the warning+ incidents of ``episodes`` name (each a metric ``ranks``
     ranks report); None for code that forms no incidents."""
-    try:
-        from runwatch.detect.incidents import Member, form_incidents
-    except ImportError:
+    members = _members(episodes)
+    if members is None:
         return None
-    members = [
-        Member("anomaly", i, a.detector, a.start_step, a.end_step, a.severity, a.metric,
-               tuple(sorted((k, v) for k, v in a.labels.items() if v is not None)))
-        for i, a in enumerate(episodes)
-    ]  # fmt: skip
+    from runwatch.detect.incidents import form_incidents
+
     try:
         incidents = form_incidents(members, ranks={"step_time": ranks})
     except TypeError:  # the first calibration's form_incidents knew no rank counts
