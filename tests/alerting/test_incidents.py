@@ -380,12 +380,17 @@ def test_a_run_with_recurring_spikes_sends_one_message_and_an_update_at_finish(
     assert receiver.bad_signatures == 0
 
 
+def _default_rules_run(receiver: Any, tmp_path: Path, monkeypatch: Any) -> runwatch.Run:
+    """A run alerting the receiver by ``webhook=`` with the packaged default rules."""
+    monkeypatch.delenv("RUNWATCH_ALERTS", raising=False)
+    monkeypatch.setenv("RUNWATCH_WEBHOOK_SECRET", receiver.secret)
+    return runwatch.init("gpt", store=tmp_path / "run.db", webhook=receiver.url)
+
+
 def test_a_nan_names_its_incident_and_still_leaves_at_once_with_default_rules(
     receiver: Any, tmp_path: Path, monkeypatch: Any
 ) -> None:
-    monkeypatch.delenv("RUNWATCH_ALERTS", raising=False)
-    monkeypatch.setenv("RUNWATCH_WEBHOOK_SECRET", receiver.secret)
-    run = runwatch.init("gpt", store=tmp_path / "run.db", webhook=receiver.url)
+    run = _default_rules_run(receiver, tmp_path, monkeypatch)
     try:
         for step in range(100):
             run.log({"loss": 3.0 / (1 + step) ** 0.3}, step=step)
@@ -448,9 +453,7 @@ def test_a_crash_alerts_at_once_in_its_incident_and_a_recurrence_updates_it(
 def test_a_crash_in_a_real_run_reaches_the_webhook_with_its_incident(
     receiver: Any, tmp_path: Path, monkeypatch: Any
 ) -> None:
-    monkeypatch.delenv("RUNWATCH_ALERTS", raising=False)
-    monkeypatch.setenv("RUNWATCH_WEBHOOK_SECRET", receiver.secret)
-    run = runwatch.init("gpt", store=tmp_path / "run.db", webhook=receiver.url)
+    run = _default_rules_run(receiver, tmp_path, monkeypatch)
     try:
         for step in range(50):
             run.log({"loss": 3.0 / (1 + step) ** 0.3}, step=step)
