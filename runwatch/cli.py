@@ -94,6 +94,21 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument(
         "--append", action="store_true", help="add to a run that exists, as a new attempt"
     )
+    imp.add_argument(
+        "--config",
+        metavar="JSON",
+        help="a JSON object to store as the config of every run the file creates (merged "
+        "into a run's stored config with --append, its keys winning). Checked keys: params "
+        "(parameter count), total_steps, tokens_per_step, schedule (the planned LR "
+        "schedule), family (run names), reference (a run name); other keys are kept as "
+        'given. E.g. \'{"params": 1.2e8, "total_steps": 20000}\'',
+    )
+    imp.add_argument(
+        "--config-file",
+        metavar="F",
+        help="the same, read from a JSON file; with --config too, the file is read first "
+        "and --config's keys win",
+    )
 
     exp = sub.add_parser(
         "export",
@@ -252,7 +267,9 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
     from runwatch.collectors.importer import import_long_format
     from runwatch.collectors.longformat import total_bytes
+    from runwatch.pipeline.runconfig import merge_run_config
 
+    config = _import_config(args)  # checked before the store is even opened
     store = _open(args.db, must_exist=False)
     with (
         store,
@@ -276,6 +293,8 @@ def _cmd_import(args: argparse.Namespace) -> int:
             run_name=args.run,
             append=args.append,
             progress=progress,
+            config=config,
+            merge_config=merge_run_config,
         )
     for name, n in summary.points.items():
         print(
@@ -283,6 +302,38 @@ def _cmd_import(args: argparse.Namespace) -> int:
             f"{name!r} ({args.db})"
         )
     return EXIT_OK
+
+
+def _import_config(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``--config-file`` then ``--config`` merged (inline keys win) and checked; None
+    when neither is given. A CommandError names the option and the key at fault."""
+    from runwatch.pipeline.runconfig import BadRunConfig, check_run_config
+
+    if args.config is None and args.config_file is None:
+        return None
+    merged: dict[str, Any] = {}
+    sources = []
+    if args.config_file is not None:
+        try:
+            text = Path(args.config_file).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise CommandError(f"--config-file {args.config_file}: no such file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CommandError(f"--config-file {args.config_file}: cannot read it: {exc}") from None
+        sources.append((f"--config-file {args.config_file}", text))
+    if args.config is not None:
+        sources.append(("--config", args.config))
+    for where, text in sources:
+        try:
+            merged |= check_run_config(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise CommandError(f"{where}: not valid JSON ({exc})") from None
+        except BadRunConfig as exc:
+            raise CommandError(f"{where}: {exc}") from None
+    try:  # each part may be fine alone and not together (a schedule past total_steps)
+        return check_run_config(merged)
+    except BadRunConfig as exc:
+        raise CommandError(f"--config-file and --config together: {exc}") from None
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -297,18 +348,38 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
+    from runwatch.pipeline.runconfig import listed_config, run_config
+
     with _open(args.db) as store:
         runs = store.runs()
+    planned = [listed_config(run_config(raw)) for raw in runs["config"]]
     if args.format == "json":
-        for rec in runs.drop(columns=["config"]).to_dict(orient="records"):
-            print(json.dumps({k: json_plain(v) for k, v in rec.items()}))
+        records = runs.drop(columns=["config"]).to_dict(orient="records")
+        for rec, more in zip(records, planned, strict=True):
+            print(json.dumps({k: json_plain(v) for k, v in rec.items()} | more))
         return EXIT_OK
     if runs.empty:
         print(f"no runs in {args.db}")
         return EXIT_OK
     shown = runs[["name", "project", "status", "last_step", "attempts", "series", "points"]]
-    print(shown.fillna("").to_string(index=False))
+    shown = shown.fillna("").assign(
+        params=[_count(p["params"]) for p in planned],
+        total_steps=[_count(p["total_steps"]) for p in planned],
+        tokens_per_step=[_count(p["tokens_per_step"]) for p in planned],
+        schedule=[(p["schedule"] or {}).get("name", "") for p in planned],
+    )
+    print(shown.to_string(index=False))
     return EXIT_OK
+
+
+def _count(value: float | None) -> str:
+    """A count for the runs table: 124M, 7B, 20000; empty when absent."""
+    if value is None:
+        return ""
+    for size, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
+        if value >= size:
+            return f"{value / size:.3g}{suffix}"
+    return f"{value:.6g}"
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

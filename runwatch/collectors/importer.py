@@ -18,14 +18,19 @@ file's first attempt a new attempt of the stored run.
 
 Step context rows merge into the context in force for their run and rank (a null value
 removes a key) and are stored when the merged context changes, as the hook does.
+
+A ``config`` given to the import becomes the config of every run the file creates, and is
+merged into the stored config of a run it appends to, in the same transaction: a failed
+import changes no config either.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,12 +103,30 @@ class _Run:
             high[1] = step
 
 
+ConfigMerge = Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]]
+"""(stored config, given config) -> the config to store; may raise ValueError to refuse."""
+
+
+def _merge(stored: dict[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    return {**stored, **given}
+
+
 class _Importer:
-    def __init__(self, store: Store, path: Path, append: bool, summary: ImportSummary) -> None:
+    def __init__(
+        self,
+        store: Store,
+        path: Path,
+        append: bool,
+        summary: ImportSummary,
+        config: Mapping[str, Any] | None = None,
+        merge_config: ConfigMerge = _merge,
+    ) -> None:
         self.store = store
         self.path = path
         self.append = append
         self.summary = summary
+        self.config = dict(config or {})
+        self.merge_config = merge_config
         self.runs: dict[str, _Run] = {}
         self.series: dict[tuple[Any, ...], _Series] = {}
         self.now = time.time()
@@ -112,14 +135,23 @@ class _Importer:
     def run(self, name: str) -> _Run:
         found = self.runs.get(name)
         if found is None:
-            exists = name in set(self.store.runs()["name"])
+            stored = self.store.runs().set_index("name")["config"]
+            exists = name in stored.index
             if exists and not self.append:
                 raise RunAlreadyStoredError(
                     f"{self.store.path} already has a run named {name!r}; pass --append to add "
                     "this file as a new attempt of it, or --run NAME to import under another "
                     "name"
                 )
-            run_id, attempt = self.store.start_run(name, resume=True if exists else None)
+            config = self.config
+            if exists and config:
+                try:
+                    config = self.merge_config(_stored_config(stored[name]), config)
+                except ValueError as exc:
+                    raise ValueError(f"run {name!r}: {exc}") from exc
+            run_id, attempt = self.store.start_run(
+                name, config=config, resume=True if exists else None
+            )
             found = self.runs[name] = _Run(name, run_id, attempt)
             self.summary.points.setdefault(name, 0)
             self.summary.series.setdefault(name, set())
@@ -300,6 +332,15 @@ class _Importer:
         self.summary.contexts[run.name] = self.summary.contexts.get(run.name, 0) + 1
 
 
+def _stored_config(raw: str | None) -> dict[str, Any]:
+    """A stored run's config JSON as a dict ({} when empty or not an object)."""
+    try:
+        parsed = json.loads(raw or "{}")
+    except ValueError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
 def _split_by_code(codes: np.ndarray, steps: np.ndarray, n: int) -> list[np.ndarray]:
     """Each series' steps (``codes`` numbers the series), in file order."""
     if n <= 1:
@@ -316,16 +357,20 @@ def import_long_format(
     run_name: str | None = None,
     append: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    config: Mapping[str, Any] | None = None,
+    merge_config: ConfigMerge = _merge,
 ) -> ImportSummary:
     """Import ``path`` into ``store``; ``run_name`` puts every row in that run.
 
     ``progress(bytes_read, total_bytes)`` is called after each chunk. A run that exists is
     refused unless ``append=True``, which adds the file as a new attempt of that run.
     JSONL events and step contexts are stored with the points (see the module docstring).
+    ``config`` (checked by the caller) is every new run's config; for a run appended to,
+    ``merge_config(stored, config)`` is its new one (default: ``config``'s keys win).
     """
     reader = LongFormatReader(path, fmt=fmt)
     summary = ImportSummary()
-    importer = _Importer(store, Path(path), append, summary)
+    importer = _Importer(store, Path(path), append, summary, config, merge_config)
     offset = 0
     with store.transaction():
         for chunk, records in reader.items():
