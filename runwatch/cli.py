@@ -362,7 +362,8 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         print(f"no runs in {args.db}")
         return EXIT_OK
     shown = runs[["name", "project", "status", "last_step", "attempts", "series", "points"]]
-    shown = shown.astype(object).fillna("").assign(
+    shown = shown.astype(object).fillna("")  # object first: "" is no float
+    shown = shown.assign(
         params=[_count(p["params"]) for p in planned],
         total_steps=[_count(p["total_steps"]) for p in planned],
         tokens_per_step=[_count(p["tokens_per_step"]) for p in planned],
