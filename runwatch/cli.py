@@ -160,6 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="step",
         help="how --reference lines up with this run: by step, or by tokens",
     )
+    ana.add_argument(
+        "--family",
+        nargs="+",
+        metavar="RUN",
+        help="family mode: judge each loss against what earlier runs of the recipe (other "
+        "sizes and schedules, each with params in its config) predict for this run",
+    )
 
     fc = sub.add_parser(
         "forecast",
@@ -205,6 +212,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="step",
         help="how --reference lines up with this run: by step, or by tokens (for another "
         "batch size; from tokens_per_step in the config, else tokens_per_s x step_time_s)",
+    )
+    fc.add_argument(
+        "--family",
+        nargs="+",
+        metavar="RUN",
+        help="family mode: forecast from earlier runs of the recipe at other sizes and "
+        "schedules (each with params in its config), from step 0 with --upto 0, updated "
+        "by this run's own points; this run needs params and total_steps in its config",
     )
     fc.add_argument("--format", choices=("table", "json"), default="table")
     # `incidents` and `verdict` (cli_incidents.py), listed after the analysis that forms them.

@@ -35,9 +35,12 @@ def parse_roles(text: str | None) -> dict[str, str] | None:
 
 
 def check_reference(args: argparse.Namespace) -> None:
-    """``--align`` only means something with ``--reference``."""
+    """``--align`` only means something with ``--reference``; ``--family`` is another
+    expected curve, so not both."""
     if args.reference is None and args.align != "step":
         raise ValueError("--align needs --reference RUN (the run to line up with)")
+    if args.reference is not None and args.family:
+        raise ValueError("give --reference or --family, not both")
 
 
 def cmd_analyze(args: argparse.Namespace, store: Any) -> int:
@@ -48,7 +51,13 @@ def cmd_analyze(args: argparse.Namespace, store: Any) -> int:
     store.run_id(args.run)  # a clear error before any work
     with progress_bar(f"analyze {args.run}") as progress:
         episodes = analyze_run(
-            store, args.run, roles, reference=args.reference, align=args.align, progress=progress
+            store,
+            args.run,
+            roles,
+            reference=args.reference,
+            align=args.align,
+            family=args.family,
+            progress=progress,
         ).anomalies
     if args.format == "json":
         for anomaly in episodes:
@@ -94,10 +103,10 @@ def anomaly_table(episodes: Sequence[Anomaly]) -> str:
 
 
 def cmd_forecast(args: argparse.Namespace, store: Any) -> int:
-    from runwatch.pipeline.analysis import default_loss_metric, forecast_json, forecast_run
+    from runwatch.pipeline.analysis import forecast_json, forecast_run
 
     store.run_id(args.run)
-    metric = args.metric or default_loss_metric(store, args.run)
+    metric = args.metric or _family_metric(args, store)
     check_reference(args)
     result = forecast_run(
         store,
@@ -108,9 +117,16 @@ def cmd_forecast(args: argparse.Namespace, store: Any) -> int:
         target=args.target,
         reference=args.reference,
         align=args.align,
+        family=args.family,
     )
     payload = forecast_json(
-        args.run, metric, result, target=args.target, reference=args.reference, align=args.align
+        args.run,
+        metric,
+        result,
+        target=args.target,
+        reference=args.reference,
+        align=args.align,
+        family=args.family,
     )
     if args.format == "json":
         print(json.dumps({k: json_plain(v) for k, v in payload.items()}))
@@ -120,6 +136,9 @@ def cmd_forecast(args: argparse.Namespace, store: Any) -> int:
     model = model_text(result)
     if args.reference is not None:
         model = f"the curve of run {args.reference!r}, aligned by {args.align}"
+    if args.family:
+        seen = "before the run starts" if result.upto == 0 else f"its own points to {result.upto}"
+        model = f"the family {', '.join(args.family)}, with {seen}"
     lines = [
         f"{metric} of run {args.run!r}, fitted on steps <= {result.upto} ({model}):",
         f"  at step {result.final_step}: {result.predicted:.4g} "
@@ -135,6 +154,19 @@ def cmd_forecast(args: argparse.Namespace, store: Any) -> int:
         )
     print("\n".join(lines))
     return EXIT_OK
+
+
+def _family_metric(args: argparse.Namespace, store: Any) -> str:
+    """The metric to forecast when none is named: the run's own loss, or before it has
+    logged one, the first family run's."""
+    from runwatch.pipeline.analysis import default_loss_metric
+
+    try:
+        return default_loss_metric(store, args.run)
+    except ValueError:
+        if not args.family:
+            raise
+        return default_loss_metric(store, args.family[0])
 
 
 def model_text(result: Any) -> str:

@@ -176,8 +176,13 @@ class CurveDeviation(LRAware, Detector):
         super().__init__()
 
     def use_reference(self, curve: ReferenceCurve) -> None:
-        """Judge by ``curve`` (an earlier run's, in this run's steps) instead of a fit."""
+        """Judge by ``curve`` (an earlier run's, or a family's, in this run's steps)
+        instead of a fit; a curve with its own band (``rel_band``) widens the margin."""
+        widen = curve.rel_band > self._margin()
         self._reference = curve
+        if widen:
+            self._reset()  # the core takes its margin when it is made
+            return
         self._ref_last = curve.last_step
         terms = [curve.at(s) for s in self._core.history_steps()]
         self._core.set_reference(max(self._ref_last, 1.0), terms)
@@ -186,7 +191,7 @@ class CurveDeviation(LRAware, Detector):
         self._core = CurveDeviationCore(
             self.span,
             self.band_sigmas,
-            self.rel_margin,
+            self._margin(),
             self.patience,
             self.min_points,
             self.refit_growth,
@@ -204,6 +209,11 @@ class CurveDeviation(LRAware, Detector):
         self._last_fit_step = 0.0
         if self._reference is not None:
             self.use_reference(self._reference)
+
+    def _margin(self) -> float:
+        """``rel_margin``, or the reference curve's own band when that is wider."""
+        ref = self._reference
+        return max(self.rel_margin, ref.rel_band if ref is not None else 0.0)
 
     @property
     def law(self) -> PowerLaw | AreaLaw | None:

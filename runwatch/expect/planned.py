@@ -67,11 +67,9 @@ def check_schedule(schedule: Any, total_steps: int | None = None) -> dict[str, A
         raise BadSchedule(f"schedule.peak_lr must be a number, not {peak!r}")
     if name == "wsd" and out.get("decay_start") is None:
         raise BadSchedule("schedule.decay_start is needed for a 'wsd' schedule")
-    if total_steps is not None and out.get("decay_start") is not None:
-        if out["decay_start"] > total_steps:
-            raise BadSchedule(
-                f"schedule.decay_start {out['decay_start']} is after total_steps {total_steps}"
-            )
+    start = out.get("decay_start")
+    if total_steps is not None and start is not None and start > total_steps:
+        raise BadSchedule(f"schedule.decay_start {start} is after total_steps {total_steps}")
     return out
 
 

@@ -27,13 +27,14 @@ class ReferenceCurve:
     3.25
     """
 
-    def __init__(self, steps, values, *, offset: bool = True) -> None:
+    def __init__(self, steps, values, *, offset: bool = True, rel_band: float = 0.0) -> None:
         bs, bv, _ = bin_arrays(np.asarray(steps, float), np.asarray(values, float))
         if bs.size < MIN_POINTS // 2:
             raise TooLittleData(int(bs.size), MIN_POINTS // 2, "reference bins")
         self._steps, self._values = bs, bv
         self._log_steps = np.log1p(bs)
         self.offset = offset
+        self.rel_band = float(rel_band)
         res = np.asarray(values, float) - self.predict(np.asarray(steps, float))
         res = res[np.isfinite(res)]
         self.sigma = residual_sigma(res) if res.size else 0.0

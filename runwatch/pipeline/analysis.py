@@ -8,6 +8,7 @@ expected curve it fitted, sampled for drawing.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -20,9 +21,10 @@ import pandas as pd
 from runwatch.detect.monitor import Monitor
 from runwatch.detect.replay import replay, replay_input
 from runwatch.detect.roles import role_of
-from runwatch.expect.forecast import Forecast, forecast
+from runwatch.expect.forecast import Forecast, eta_seconds, forecast
 from runwatch.expect.reference import ReferenceCurve
 from runwatch.model import LR_METRICS, Anomaly
+from runwatch.pipeline.family import family_curves, forecast_family
 from runwatch.pipeline.fleet import run_fleet_anomalies
 from runwatch.pipeline.incidents import refresh_incidents
 from runwatch.pipeline.runconfig import aligned_sample, run_config, tokens_per_step
@@ -53,6 +55,7 @@ def analyze_run(
     save: bool = True,
     reference: str | None = None,
     align: str = "step",
+    family: list[str] | None = None,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Analysis:
     """Replay the default detectors over the run's stored points and events.
@@ -60,6 +63,8 @@ def analyze_run(
     ``reference``: reference mode, each loss metric that run has too is judged against
     its curve there (aligned by ``align``, not shifted: a lasting difference from the
     known-good run is what is reported), and the stored expected curve is that curve.
+    ``family``: family mode, each loss metric is judged against what those earlier runs of
+    the recipe predict for this run before it starts (``runwatch.pipeline.family``).
     ``progress(phase, points done, points in all)`` follows a long replay (a progress bar).
     """
     tell = progress or (lambda phase, done, total: None)
@@ -69,8 +74,12 @@ def analyze_run(
     events = store.events(run)
     monitor = Monitor(config)
     losses = _loss_metrics(points, monitor.config)
+    if reference is not None and family:
+        raise ValueError("give --reference or --family, not both")
     if reference is not None:
         monitor.references = reference_curves(store, reference, run, monitor.config, losses, align)
+    elif family:
+        monitor.references = family_curves(store, family, run, losses)
     replayed = lambda done: tell("replaying", done, n)  # noqa: E731
     # The replay's arrays are all it needs of the frame: freeing the frame first keeps
     # one copy of the run's points in memory, not two, while the detectors work.
@@ -89,8 +98,12 @@ def analyze_run(
         refresh_incidents(store, run, "replay", monitor.config)
         for metric in losses:
             try:
-                # The curve the replay judged by, not a second read of the reference run.
-                forecast_run(store, run, metric, reference=monitor.references.get(metric))
+                # The curve the replay judged by, not a second read of the reference run;
+                # in family mode the family's forecast, updated by the run's points.
+                if family:
+                    forecast_run(store, run, metric, family=family)
+                else:
+                    forecast_run(store, run, metric, reference=monitor.references.get(metric))
             except ValueError as exc:
                 log.info("no expected curve for %s/%s: %s", run, metric, exc)
     return Analysis(run, anomalies, monitor.health)
@@ -140,6 +153,7 @@ def forecast_run(
     target: float | None = None,
     reference: str | ReferenceCurve | None = None,
     align: str = "step",
+    family: list[str] | None = None,
     save: bool = True,
 ) -> Forecast:
     """Fit the expected curve of ``metric`` on steps <= ``upto`` and forecast ``final_step``.
@@ -149,9 +163,22 @@ def forecast_run(
     ``reference``: the expected curve is that earlier run's ``metric`` instead (aligned by
     ``align``, see :func:`reference_curve`), or a curve already read from it.
     ``target``: also the step at which the expected curve reaches that value
-    (``Forecast.target_step``).
+    (``Forecast.target_step``). ``family``: the forecast of the recipe's earlier runs
+    (``runwatch.pipeline.family.forecast_family``), from step 0 when ``upto`` is 0.
     """
     series = store.read_series(run, metric)
+    if family:
+        if reference is not None:
+            raise ValueError("give --reference or --family, not both")
+        result = forecast_family(
+            store, run, metric, family, upto=upto, final_step=final_step, target=target
+        )
+        steps, times = series["step"].to_numpy(), series["time"].to_numpy()
+        eta = eta_seconds(times, steps, result.upto, result.final_step)
+        result = dataclasses.replace(result, eta_seconds=eta)
+        if save:
+            _save_curve(store, run, metric, result, series)
+        return result
     if series.empty:
         known = sorted(store.series(run)["metric"].unique())
         raise ValueError(f"run {run!r} has no metric {metric!r} (it has: {', '.join(known)})")
@@ -175,15 +202,32 @@ def forecast_run(
         reference=ref,
     )
     if save:
-        first = max(int(series["step"].min()), 1)
-        last = max(result.final_step, int(series["step"].max()))
-        steps = np.unique(np.geomspace(first, max(last, first + 1), CURVE_SAMPLES).round())
-        mean, lower, upper = result.curve(steps)
-        curve = pd.DataFrame({"step": steps, "expected": mean, "lower": lower, "upper": upper})
-        store.save_expected_curve(
-            store.run_id(run), metric, result.model, result.upto, result.final_step, curve
-        )
+        _save_curve(store, run, metric, result, series)
     return result
+
+
+def curve_frame(result: Forecast, first: int, last: int) -> pd.DataFrame:
+    """The forecast's expected curve and band sampled for drawing, steps first..last."""
+    first = max(first, 1)
+    steps = np.unique(np.geomspace(first, max(last, first + 1), CURVE_SAMPLES).round())
+    mean, lower, upper = result.curve(steps)
+    return pd.DataFrame({"step": steps, "expected": mean, "lower": lower, "upper": upper})
+
+
+def _save_curve(
+    store: Store, run: str, metric: str, result: Forecast, series: pd.DataFrame
+) -> None:
+    """Store the expected curve (a family's from step 1: it is known before the run)."""
+    first = 1 if result.model == "family" else int(series["step"].min())
+    last = max(result.final_step, int(series["step"].max()) if len(series) else 0)
+    store.save_expected_curve(
+        store.run_id(run),
+        metric,
+        result.model,
+        result.upto,
+        result.final_step,
+        curve_frame(result, first, last),
+    )
 
 
 ALIGNMENTS = ("step", "tokens")
@@ -272,6 +316,7 @@ def forecast_json(
     target: float | None = None,
     reference: str | None = None,
     align: str = "step",
+    family: list[str] | None = None,
 ) -> dict[str, Any]:
     """The ``runwatch forecast --format json`` object (docs/architecture.md): a public contract.
 
@@ -284,6 +329,9 @@ def forecast_json(
         extra |= {"target": target, "target_step": result.target_step}
     if reference is not None:
         extra |= {"reference": reference, "align": align}
+    if family:
+        frame = curve_frame(result, 1, result.final_step)
+        extra |= {"family": list(family), "curve": frame.to_dict(orient="list")}
     return {
         "run": run,
         "metric": metric,

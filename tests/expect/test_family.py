@@ -1,0 +1,92 @@
+"""The family law: schedule transfer within a size, extrapolation over sizes, bands from
+the family's own errors, and the update by the target's points."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runwatch.expect.family import Member, fit_family
+from runwatch.expect.family_forecast import family_forecast
+from runwatch.expect.lrlaw import lr_areas
+from runwatch.expect.planned import planned_lr
+
+COSINE = {"name": "cosine", "warmup": 50, "final_lr_fraction": 0.1}
+CONSTANT = {"name": "constant", "warmup": 50}
+WSD = {"name": "wsd", "warmup": 50, "decay_start": 3000, "final_lr_fraction": 0.1}
+
+
+def law_curve(params: float, schedule: dict, total: int, seed: int = 0):
+    """A run that follows L = E(N) + A·S1^-α - C·S2 exactly, with E(N) a power law in N and
+    a little noise: what the family law assumes, so it must recover it."""
+    steps, share = planned_lr(schedule, total)
+    s1, s2 = lr_areas(steps, share, total)
+    level = 2.0 * (params / 1e6) ** -0.07
+    loss = level + 3.0 * np.maximum(s1, 1.0) ** -0.5 - 4e-4 * s2
+    noise = np.random.default_rng(seed).normal(0, 0.003, loss.size)
+    return steps, loss + noise, share
+
+
+def member(name, params, schedule, total, seed=0):
+    steps, loss, share = law_curve(params, schedule, total, seed)
+    return Member(name, params, steps[1:], loss[1:], steps, share)
+
+
+def truth(params, schedule, total):
+    _steps, loss, _ = law_curve(params, schedule, total, seed=99)
+    return float(np.median(loss[-5:]))
+
+
+def test_schedule_transfer_predicts_another_schedule_and_length_before_it_starts():
+    fit = fit_family([member("c2k", 1e6, COSINE, 2000), member("k2k", 1e6, CONSTANT, 2000, 1)])
+    for schedule, total in ((COSINE, 4000), (WSD, 4000)):
+        steps, share = planned_lr(schedule, total)
+        f = family_forecast(fit, 1e6, steps, share, total)
+        want = truth(1e6, schedule, total)
+        assert f.model == "family" and f.upto == 0 and f.final_step == total
+        assert abs(f.predicted / want - 1) < 0.01
+        assert f.lower <= want <= f.upper
+
+
+def test_a_larger_size_is_extrapolated_and_its_band_widens_with_distance():
+    members = [member(f"n{p:g}", p, COSINE, 2000, i) for i, p in enumerate((1e5, 3e5, 1e6))]
+    fit = fit_family(members)
+    assert fit.measured["size"]  # three sizes: the family measures its own size error
+    steps, share = planned_lr(COSINE, 2000)
+    near = family_forecast(fit, 3e6, steps, share, 2000)
+    far = family_forecast(fit, 3e7, steps, share, 2000)
+    want = truth(3e6, COSINE, 2000)
+    assert abs(near.predicted / want - 1) < 0.02
+    assert near.lower <= want <= near.upper
+    assert (far.upper - far.lower) / far.predicted > (near.upper - near.lower) / near.predicted
+
+
+def test_the_targets_own_points_move_the_forecast_to_its_level():
+    fit = fit_family([member("a", 1e5, COSINE, 2000), member("b", 1e6, COSINE, 2000, 1)])
+    steps, share = planned_lr(COSINE, 2000)
+    prior = family_forecast(fit, 3e6, steps, share, 2000)
+    # The target is 3% worse than its size predicts (a worse data mix, say).
+    s, loss, _ = law_curve(3e6, COSINE, 2000, seed=5)
+    loss = loss * 1.03
+    updated = family_forecast(fit, 3e6, steps, share, 2000, steps=s[1:], values=loss[1:], upto=500)
+    final = float(np.median(loss[-5:]))
+    assert abs(updated.predicted / final - 1) < abs(prior.predicted / final - 1)
+    assert abs(updated.predicted / final - 1) < 0.01
+    assert updated.upto == 500
+    mean, lower, upper = updated.curve(np.array([1.0, 500.0, 2000.0]))
+    assert (lower < mean).all() and (mean < upper).all()
+
+
+def test_one_size_cannot_say_how_loss_scales_so_another_size_gets_a_wide_band():
+    fit = fit_family([member("a", 1e6, COSINE, 2000)])
+    steps, share = planned_lr(COSINE, 2000)
+    same = family_forecast(fit, 1e6, steps, share, 2000)
+    other = family_forecast(fit, 1e7, steps, share, 2000)
+    assert (other.upper - other.lower) / other.predicted > 2 * (
+        same.upper - same.lower
+    ) / same.predicted
+
+
+def test_an_empty_family_is_refused():
+    with pytest.raises(ValueError, match="at least one run"):
+        fit_family([])
