@@ -160,7 +160,7 @@ def _by_size(members: list[Member]) -> list[list[Member]]:
     return groups
 
 
-def _final(m: Member) -> float:
+def final_value(m: Member) -> float:
     """A run's final value: the median of its last few points (one noisy point is not it)."""
     order = np.argsort(m.steps)
     tail = m.values[order][np.isfinite(m.values[order])][-5:]
@@ -203,7 +203,7 @@ def _transfer_errors(groups: list[list[Member]]) -> list[float]:
                 law = FamilyFit((_size_law(rest),), 0.0, 0.0)
             except ValueError:
                 continue
-            errors.append(_predict_final(law, held) / _final(held) - 1.0)
+            errors.append(_predict_final(law, held) / final_value(held) - 1.0)
     return errors
 
 
@@ -215,6 +215,6 @@ def _size_errors(groups: list[list[Member]], sizes: tuple[SizeLaw, ...]) -> list
         smaller = FamilyFit(sizes[:k], 0.0, 0.0)
         dist = _efolds(sizes[k].params, np.log(smaller.params))
         for m in groups[k]:
-            err = _predict_final(smaller, m) / _final(m) - 1.0
+            err = _predict_final(smaller, m) / final_value(m) - 1.0
             errors.append(err / max(dist, 0.5))
     return errors

@@ -177,7 +177,7 @@ def forecast_run(
         eta = eta_seconds(times, steps, result.upto, result.final_step)
         result = dataclasses.replace(result, eta_seconds=eta)
         if save:
-            _save_curve(store, run, metric, result, series)
+            _save_curve(store, run, metric, result, series, family)
         return result
     if series.empty:
         known = sorted(store.series(run)["metric"].unique())
@@ -215,7 +215,12 @@ def curve_frame(result: Forecast, first: int, last: int) -> pd.DataFrame:
 
 
 def _save_curve(
-    store: Store, run: str, metric: str, result: Forecast, series: pd.DataFrame
+    store: Store,
+    run: str,
+    metric: str,
+    result: Forecast,
+    series: pd.DataFrame,
+    family: list[str] | None = None,
 ) -> None:
     """Store the expected curve (a family's from step 1: it is known before the run)."""
     first = 1 if result.model == "family" else int(series["step"].min())
@@ -227,6 +232,7 @@ def _save_curve(
         result.upto,
         result.final_step,
         curve_frame(result, first, last),
+        family,
     )
 
 

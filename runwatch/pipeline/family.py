@@ -7,12 +7,13 @@ What ``forecast --family``, ``analyze --family`` and ``runwatch.init(family=...)
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from runwatch.expect.family import FamilyFit, Member, fit_family
+from runwatch.expect.family import FamilyFit, Member, areas_at, final_value, fit_family
 from runwatch.expect.family_forecast import family_forecast
 from runwatch.expect.forecast import Forecast
 from runwatch.expect.planned import BadSchedule, planned_lr
@@ -267,3 +268,39 @@ def family_curves(
     if not curves:
         raise ValueError(f"the family has none of run {run!r}'s loss metrics")
     return curves
+
+
+def scaling_view(
+    store: Store, run: str, metric: str, family: Sequence[str], points: int = 50
+) -> dict[str, Any]:
+    """What the Compare page's scaling view draws: each family run's final ``metric`` by
+    params, the family law's final value over params for ``run``'s planned LR (with its
+    band), and ``run``'s own forecast (with what it has logged so far).
+
+    Keys: ``runs`` (name, params, final), ``law`` (params, expected, lower, upper) and
+    ``forecast`` (params, predicted, lower, upper, upto).
+    """
+    members = family_members(store, check_family(family, run), metric)
+    fit = fit_family(members)
+    params, fin, lr_steps, share = target_plan(store, run, members, None)
+    lo = min(min(m.params for m in members), params) / 1.5
+    hi = max(max(m.params for m in members), params) * 1.5
+    grid = np.geomspace(lo, hi, points)
+    s1, s2 = areas_at(lr_steps, share, fin)
+    law = []
+    for p in grid:
+        mean = float(fit.expected(p, s1[-1:], s2[-1:])[0])
+        half = fit.half_width(p)
+        law.append((float(p), mean, mean * math.exp(-half), mean * math.exp(half)))
+    fc = forecast_family(store, run, metric, family, final_step=fin)
+    return {
+        "runs": [(m.name, m.params, final_value(m)) for m in members],
+        "law": law,
+        "forecast": {
+            "params": params,
+            "predicted": fc.predicted,
+            "lower": fc.lower,
+            "upper": fc.upper,
+            "upto": fc.upto,
+        },
+    }

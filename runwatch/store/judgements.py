@@ -179,11 +179,23 @@ class JudgementTables:
             return pd.read_sql_query(sql + " ORDER BY time, id", self._conn, params=params)
 
     def save_expected_curve(
-        self, run_id: int, metric: str, model: str, upto: int, final_step: int, curve: pd.DataFrame
+        self,
+        run_id: int,
+        metric: str,
+        model: str,
+        upto: int,
+        final_step: int,
+        curve: pd.DataFrame,
+        family: list[str] | None = None,
     ) -> None:
-        """Store (replacing) the expected curve of a run's metric: step, expected, lower, upper."""
-        payload = {c: curve[c].astype(float).tolist() for c in ("expected", "lower", "upper")}
+        """Store (replacing) the expected curve of a run's metric: step, expected, lower,
+        upper; ``family``: the runs a family curve came from (kept in the curve's JSON)."""
+        payload: dict[str, Any] = {
+            c: curve[c].astype(float).tolist() for c in ("expected", "lower", "upper")
+        }
         payload["step"] = curve["step"].astype(int).tolist()
+        if family:
+            payload["family"] = list(family)
         with self.transaction() as conn:  # type: ignore[attr-defined]
             conn.execute(
                 "INSERT OR REPLACE INTO expected_curves (run_id, metric, model, upto, final_step, "
@@ -192,7 +204,8 @@ class JudgementTables:
             )
 
     def expected_curve(self, run: str | int, metric: str) -> tuple[dict[str, Any], pd.DataFrame]:
-        """(model, upto, final_step) and the curve frame; an empty frame when none is stored."""
+        """(model, upto, final_step, and family for a family curve) and the curve frame; an
+        empty frame when none is stored."""
         import pandas as pd
 
         run_id = self._resolve(run)  # type: ignore[attr-defined]
@@ -205,4 +218,7 @@ class JudgementTables:
         if row is None:
             return {}, pd.DataFrame(columns=["step", "expected", "lower", "upper"])
         meta = {"model": row[0], "upto": row[1], "final_step": row[2]}
-        return meta, pd.DataFrame(json.loads(row[3]))
+        payload = json.loads(row[3])
+        if "family" in payload:
+            meta["family"] = payload.pop("family")
+        return meta, pd.DataFrame(payload)
