@@ -27,6 +27,7 @@ from runwatch.detect.fleet.monitor import fleet_anomalies
 from runwatch.expect.forecast import FIT_FROM, eta_seconds, forecast
 from runwatch.model import LR_METRICS
 from runwatch.pipeline.analysis import planned_final_step
+from runwatch.pipeline.eta import eta_report
 from runwatch.pipeline.fleet import fleet_report
 from runwatch.store import Store, open_store
 
@@ -232,6 +233,22 @@ def _stored_forecast(
         "expected_now": now_mean,
         "band_now": (now_lower, now_upper),
         "curve": curve[["step", "expected", "lower", "upper"]],
+    }
+
+
+@st.cache_data(ttl=FORECAST_TTL, show_spinner=False)
+def failure_eta(db: str, run: str, final_step: int) -> dict[str, Any] | None:
+    """The ETA to ``final_step`` with the failures still to come, its 90% band and the
+    goodput so far (``runwatch.pipeline.eta``); None without timed points."""
+    eta = eta_report(reader(db), run, final_step=final_step)
+    if eta is None:
+        return None
+    return {
+        **eta.as_json(),
+        "failures": eta.failures,
+        "failure_rate_per_h": eta.failure_rate_per_h,
+        "expected_failures": eta.expected_failures,
+        "cost_per_failure_s": eta.cost_per_failure_s,
     }
 
 

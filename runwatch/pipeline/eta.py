@@ -61,12 +61,12 @@ def eta_report(
 
 
 def _step_clock(store: Store, run: str) -> pd.DataFrame:
-    """attempt, step, time of every attempt's steps (a step's time: its latest across
-    ranks), in the order they ran."""
+    """attempt, step, time of every attempt's steps, in the order they ran: the run's own
+    series of its step clock (one series, not every rank's: the ranks step together)."""
     metric = step_clock_metric(store.series(run))
     if metric is None:
         return pd.DataFrame({"attempt": [], "step": [], "time": []})
-    pts = store.read_points(run, [metric], all_attempts=True)
+    pts = store.read_series(run, metric, all_attempts=True)
     pts = pts[np.isfinite(pts["time"].to_numpy(dtype=float))]
     clock = pts.groupby(["attempt", "step"], as_index=False)["time"].max()
     return clock.sort_values(["attempt", "step"], kind="stable").reset_index(drop=True)

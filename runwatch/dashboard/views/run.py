@@ -81,6 +81,7 @@ def headline() -> None:
         incidents = data.incidents(db, run)
         fc = data.loss_forecast(db, run, loss) if loss else None
         latest = data.latest_values(db, run, (loss,)).get(loss) if loss else None
+        feta = data.failure_eta(db, run, int(fc["final_step"])) if fc is not None else None
     # Judged by incident once incidents exist (a benign incident's members no longer count);
     # a store from before incidents is judged by its anomalies.
     health = shaping.health_of(incidents if len(incidents) else anomalies)
@@ -115,14 +116,53 @@ def headline() -> None:
             delta_arrow="off",
             help=shaping.model_text(fc["model"], fc.get("lr_note")),
         )
-        eta = "done" if now_info["status"] != "running" else shaping.format_age(fc["eta_seconds"])
-        c[4].metric("ETA", eta)
+        if now_info["status"] != "running":
+            c[4].metric("ETA", "done", _goodput_text(feta), delta_color="off", delta_arrow="off")
+        elif feta is None:
+            c[4].metric("ETA", shaping.format_age(fc["eta_seconds"]))
+        else:
+            band = (
+                f"90%: {shaping.format_age(feta['eta_lower'])} – "
+                f"{shaping.format_age(feta['eta_upper'])}"
+            )
+            c[4].metric(
+                "ETA (with failures)",
+                shaping.format_age(feta["eta_seconds"]),
+                f"{band} · {_goodput_text(feta)}",
+                delta_color="off",
+                delta_arrow="off",
+                help=_eta_help(feta, fc["eta_seconds"]),
+            )
     c[5].metric(
         "Open incidents",
         inbox.open_count(incidents),
         f"attempts: {int(now_info['attempts'])}",
         delta_color="off",
         delta_arrow="off",
+    )
+
+
+def _goodput_text(feta: dict | None) -> str | None:
+    if feta is None or feta["goodput"] is None:
+        return None
+    return f"goodput {feta['goodput']:.0%}"
+
+
+def _eta_help(feta: dict, pace_only: float | None) -> str:
+    # How the failure-aware ETA was made, in words, for the metric's tooltip (a comment,
+    # not a docstring: see LIST_ROWS).
+    cost = shaping.format_age(feta["cost_per_failure_s"])
+    seen = (
+        f"{feta['failures']} failure(s) so far, {feta['failure_rate_per_h']:.2f} per hour of "
+        f"running (recent ones weigh more), each costing {cost} (downtime + redone steps); "
+        f"{feta['expected_failures']:.1f} expected before the end."
+        if feta["failures"]
+        else "No failure so far: the band still allows for some (the rule of three)."
+    )
+    return (
+        f"Remaining steps at the recent pace ({shaping.format_age(pace_only)}), plus the "
+        f"failures still to come. {seen} Goodput: time on steps the final curve keeps / "
+        "wall time since the start."
     )
 
 
