@@ -118,6 +118,8 @@ def attach(
     embedded: bool,
     monitor: bool | Mapping[str, str] = True,
     reference: str | None = None,
+    family: Sequence[str] | None = None,
+    config: Mapping[str, Any] | None = None,
     webhook: str | None = None,
     alerts: Any = None,
     prometheus_port: int | None = None,
@@ -132,7 +134,9 @@ def attach(
     ``monitor``: live detection (a mapping gives metric roles). ``reference``: judge each
     loss against that earlier run's curve; a wrong name, or ``monitor=False``, raises
     ``ValueError`` here. With a server (``embedded=False``) the server's detection reads
-    the reference itself. ``dcgm``: poll DCGM readings from that Prometheus (default
+    the reference itself. ``family``: judge each loss against what those runs predict for
+    this one (of ``config``: its params, total_steps and schedule), checked likewise.
+    ``dcgm``: poll DCGM readings from that Prometheus (default
     ``$RUNWATCH_DCGM_URL``; a malformed URL raises ``ValueError`` here), see
     :func:`dcgm_options`.
     """
@@ -141,13 +145,21 @@ def attach(
         raise ValueError(
             f"reference={reference!r} needs live detection, and monitor=False turns it off"
         )
+    if family and not monitor:
+        raise ValueError(f"family={family!r} needs live detection, and monitor=False turns it off")
+    if reference and family:
+        raise ValueError("give reference= or family=, not both")
     references = None
-    if reference and embedded:
+    if (reference or family) and embedded:
         from runwatch.pipeline.analysis import reference_curves
+        from runwatch.pipeline.family import family_references
         from runwatch.store import open_store
 
         with open_store(store_path) as store:
-            references = reference_curves(store, reference, name, roles)
+            if reference:
+                references = reference_curves(store, reference, name, roles)
+            else:
+                references = family_references(store, family, name, config or {}, roles)
     return Attached(
         monitor=bool(monitor),
         roles=roles,

@@ -314,8 +314,9 @@ class CurveDeviation(LRAware, Detector):
             j += 1
 
     def _ref_at(self, step: int) -> float:
-        """The reference curve at ``step`` (NaN beyond its last step)."""
-        return self._reference.at(step) if step <= self._ref_last else math.nan
+        """The reference curve at ``step`` (NaN outside the steps it covers)."""
+        ref = self._reference
+        return ref.at(step) if ref.first_step <= step <= self._ref_last else math.nan
 
     def _refit(self, step: float) -> None:
         """Fit the expected curve on the core's bins, validate it out of sample (see the

@@ -19,6 +19,10 @@ class ReferenceCurve:
     ``aligned(steps, values)`` returns the reference shifted by the median offset of the
     current run over its observed steps, for people comparing a new config against a
     known-good one (same shape, maybe another level); ``offset=False`` skips the shift.
+    ``rel_band``: the curve's own 90% half-width, a share of its value (a family
+    forecast's band; 0 for a known-good run's curve), which the expected-curve detector
+    adds to its margin. ``first_step``: where the curve starts to be known (a family law
+    is fitted on its runs' later steps); the detector does not judge before it.
 
     >>> import numpy as np
     >>> s = np.arange(1, 1001)
@@ -27,7 +31,15 @@ class ReferenceCurve:
     3.25
     """
 
-    def __init__(self, steps, values, *, offset: bool = True, rel_band: float = 0.0) -> None:
+    def __init__(
+        self,
+        steps,
+        values,
+        *,
+        offset: bool = True,
+        rel_band: float = 0.0,
+        first_step: float = 0.0,
+    ) -> None:
         bs, bv, _ = bin_arrays(np.asarray(steps, float), np.asarray(values, float))
         if bs.size < MIN_POINTS // 2:
             raise TooLittleData(int(bs.size), MIN_POINTS // 2, "reference bins")
@@ -35,6 +47,7 @@ class ReferenceCurve:
         self._log_steps = np.log1p(bs)
         self.offset = offset
         self.rel_band = float(rel_band)
+        self.first_step = float(first_step)
         res = np.asarray(values, float) - self.predict(np.asarray(steps, float))
         res = res[np.isfinite(res)]
         self.sigma = residual_sigma(res) if res.size else 0.0

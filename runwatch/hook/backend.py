@@ -48,11 +48,12 @@ class Backend(Protocol):
         config: Mapping[str, Any],
         resume: bool | None,
         reference: str | None = None,
+        family: list[str] | None = None,
     ) -> tuple[int, int]:
         """Create or resume the run; return (run_id, attempt). May raise (init reports it).
 
-        ``reference``: reference mode for a destination that runs its own detection (a
-        server); :class:`ReferenceRefused` when it cannot.
+        ``reference``, ``family``: reference or family mode for a destination that runs its
+        own detection (a server); :class:`ReferenceRefused` when it cannot.
         """
         ...
 
@@ -93,9 +94,10 @@ class StoreBackend:
         config: Mapping[str, Any],
         resume: bool | None,
         reference: str | None = None,
+        family: list[str] | None = None,
     ) -> tuple[int, int]:
-        # ``reference`` is not the store's business here: the Run's own live detection
-        # reads the reference curves from the same file.
+        # ``reference`` and ``family`` are not the store's business here: the Run's own
+        # live detection reads their curves from the same file.
         self.run_id, attempt = self.store.start_run(
             name, project=project, config=config, resume=resume
         )

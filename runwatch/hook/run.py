@@ -104,12 +104,16 @@ class Run:
         dcgm_hosts: Sequence[str] | None = None,
         keep_metric: Callable[[str], bool] | None = None,
         reference: str | None = None,
+        family: Sequence[str] | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"run name must be a non-empty str, got {name!r}")
         self.name = name
         self.project = project
         self.config = dict(config or {})
+        if family:
+            family = list(family)
+            self.config.setdefault("family", family)  # the dashboard names it
         self.store_path = os.fspath(store)
         self._finish_timeout = finish_timeout
         self._drops = DropCounter()
@@ -137,6 +141,8 @@ class Run:
                 embedded=backend is None,
                 monitor=monitor,
                 reference=reference,
+                family=family,
+                config=self.config,
                 webhook=webhook,
                 alerts=alerts,
                 prometheus_port=prometheus_port,
@@ -149,7 +155,7 @@ class Run:
         try:
             self._backend = backend if backend is not None else StoreBackend(self.store_path)
             self.run_id, attempt = self._backend.start_run(
-                name, project, self.config, resume, reference=reference
+                name, project, self.config, resume, reference=reference, family=family or None
             )
         except (RunExistsError, ReferenceRefused):
             raise
@@ -477,6 +483,13 @@ def init(
         store, aligned by step, instead of a fit (``runwatch analyze --reference`` on
         replay). With ``url=``, the server's detection reads it from the server's store.
         An unknown reference, one without the run's loss, or ``monitor=False`` raises
+        ``ValueError`` before anything is written.
+    family
+        ``["RUN", ...]``: judge each loss against what those earlier runs of the recipe (at
+        other sizes and schedules, each with ``params`` in its config) predict for this
+        run, from step 0 (``runwatch forecast --family``). The run's config needs
+        ``params`` and ``total_steps`` (and its ``schedule`` when the family's differs).
+        With ``url=``, the server reads the family from its store. A bad family raises
         ``ValueError`` before anything is written.
     webhook, alerts, alert_timeout, prometheus_port
         ``webhook=URL`` (or ``$RUNWATCH_WEBHOOK_URL``) sends warnings and worse to a JSON

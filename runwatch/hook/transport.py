@@ -182,6 +182,7 @@ class HttpBackend:
         config: Mapping[str, Any],
         resume: bool | None,
         reference: str | None = None,
+        family: list[str] | None = None,
     ) -> tuple[int, int]:
         import httpx
 
@@ -198,6 +199,8 @@ class HttpBackend:
         }
         if reference is not None:  # sent only when asked for: older servers refuse the field
             body["reference"] = reference
+        if family:
+            body["family"] = list(family)
         deadline = self._clock() + self._start_timeout
         delay = 0.2
         while True:
@@ -217,7 +220,7 @@ class HttpBackend:
                         data["how"],
                     )
                     return self.run_id, int(data["attempt"])
-                if reference is not None and _field(reply) == "reference":
+                if _field(reply) in ("reference", "family") and (reference or family):
                     raise ReferenceRefused(f"{self.location}: {_reason(reply)}")
                 if reply.status_code == 409:
                     raise RunExistsError(f"{self.location}: {_reason(reply)}")

@@ -13,7 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from runwatch.expect.family import FamilyFit, Member, areas_at, final_value, fit_family
+from runwatch.detect.roles import role_of
+from runwatch.expect.family import (
+    FIT_FROM,
+    FamilyFit,
+    Member,
+    areas_at,
+    final_value,
+    fit_family,
+)
 from runwatch.expect.family_forecast import family_forecast
 from runwatch.expect.forecast import Forecast
 from runwatch.expect.planned import BadSchedule, planned_lr
@@ -57,7 +65,13 @@ def total_steps_of(config: Mapping[str, Any]) -> int | None:
     return None
 
 
+def _exists(store: Store, run: str) -> bool:
+    return bool((store.runs()["name"] == run).any())
+
+
 def _logged_lr(store: Store, run: str) -> tuple[np.ndarray, np.ndarray] | None:
+    if not _exists(store, run):  # a live run not started yet: nothing logged
+        return None
     for name in LR_METRICS:
         frame = store.read_series(run, name)
         if not frame.empty:
@@ -164,11 +178,13 @@ def target_plan(
     members: list[Member],
     final_step: int | None,
     upto: int | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> tuple[float, int, np.ndarray, np.ndarray]:
     """The target's params, final step and LR share to it; a ``ValueError`` naming the key
     the target's config lacks. Without an LR or schedule of its own, the target is taken to
-    follow the largest family run's schedule, stretched to its length (with a warning)."""
-    config = config_of(store, run)
+    follow the largest family run's schedule, stretched to its length (with a warning).
+    ``config``: the target's, when it is not stored yet (a live run being started)."""
+    config = config_of(store, run) if config is None else config
     params = params_of(config)
     if params is None:
         raise ValueError(
@@ -212,15 +228,18 @@ def forecast_family(
     final_step: int | None = None,
     target: float | None = None,
     eta_seconds: float | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> Forecast:
     """``run``'s forecast of ``metric`` from ``family``, updated by its points to ``upto``
-    (all of them when None; none when ``upto`` is 0: the forecast before it starts)."""
+    (all of them when None; none when ``upto`` is 0: the forecast before it starts).
+    ``config``: the target's, when it is not stored yet (a live run being started)."""
     members = family_members(store, check_family(family, run), metric)
     fit = fit_family(members)
-    params, fin, lr_steps, share = target_plan(store, run, members, final_step, upto)
-    series = store.read_series(run, metric)
+    params, fin, lr_steps, share = target_plan(store, run, members, final_step, upto, config)
     steps = values = None
-    if not series.empty and (upto is None or upto > 0):
+    started = _exists(store, run)
+    series = store.read_series(run, metric) if started else None
+    if series is not None and not series.empty and (upto is None or upto > 0):
         steps, values = series["step"].to_numpy(float), series["value"].to_numpy(float)
     return family_forecast(
         fit,
@@ -236,6 +255,24 @@ def forecast_family(
     )
 
 
+def family_references(
+    store: Store,
+    family: Sequence[str],
+    run: str,
+    config: Mapping[str, Any],
+    roles: Mapping[str, str] | None = None,
+) -> dict[str, ReferenceCurve]:
+    """Family mode for a live run being started with ``config``: the family curve of each
+    loss metric (by ``roles``) of the first family run, as ``runwatch.init(family=...)``
+    and the server's run start use it; a ``ValueError`` naming what is wrong."""
+    names = check_family(family, run)
+    store.run_id(names[0])  # a clear error for an unknown run
+    losses = [m for m in store.series(names[0])["metric"].unique() if role_of(m, roles) == "loss"]
+    if not losses:
+        raise ValueError(f"family run {names[0]!r} has no loss metric")
+    return family_curves(store, names, run, losses, config=config)
+
+
 def family_fit(store: Store, family: Sequence[str], metric: str) -> FamilyFit:
     """The family's fitted laws of ``metric`` (the Compare page's scaling view)."""
     return fit_family(family_members(store, list(dict.fromkeys(family)), metric))
@@ -247,6 +284,7 @@ def family_curves(
     run: str,
     metrics: Sequence[str],
     final_step: int | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> dict[str, ReferenceCurve]:
     """Family mode for the expected-curve detector: each loss metric's family curve for
     ``run`` before it starts, with the family's band as the curve's own margin. What
@@ -255,7 +293,9 @@ def family_curves(
     curves = {}
     for metric in metrics:
         try:
-            fc = forecast_family(store, run, metric, family, upto=0, final_step=final_step)
+            fc = forecast_family(
+                store, run, metric, family, upto=0, final_step=final_step, config=config
+            )
         except ValueError as exc:
             if "has no metric" not in str(exc):
                 raise
@@ -264,7 +304,9 @@ def family_curves(
         steps = np.unique(np.geomspace(1, fc.final_step, CURVE_POINTS).round())
         mean, _, upper = fc.curve(steps)
         band = float(np.max(upper / mean - 1.0))
-        curves[metric] = ReferenceCurve(steps, mean, offset=False, rel_band=band)
+        # Judged from where the family's laws were fitted on (its runs' later steps).
+        first = FIT_FROM * fc.final_step
+        curves[metric] = ReferenceCurve(steps, mean, offset=False, rel_band=band, first_step=first)
     if not curves:
         raise ValueError(f"the family has none of run {run!r}'s loss metrics")
     return curves

@@ -32,6 +32,7 @@ from starlette.routing import Route
 from runwatch.expect.reference import ReferenceCurve
 from runwatch.model import json_plain
 from runwatch.pipeline.analysis import reference_curves
+from runwatch.pipeline.family import family_references
 from runwatch.server import schemas as S
 from runwatch.server.auth import RateLimit, TokenCheck
 from runwatch.server.body import parse_many, read_body, read_model
@@ -162,6 +163,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
         def join() -> dict[str, Any]:
             # Reference mode fails before the run is created, as in-process.
             references = _references(svc, body.reference, body.name) if body.reference else None
+            if body.family:
+                references = _families(svc, body.family, body.name, body.config)
             try:
                 run_id, attempt, how = svc.store.join_run(
                     body.name,
@@ -351,6 +354,21 @@ def _references(svc: _Service, reference: str, run: str) -> dict[str, ReferenceC
         raise ApiError(404, "no such run", "reference", str(exc).strip("'\"")) from None
     except ValueError as exc:  # itself, or no loss curve of the run
         raise ApiError(409, "no reference mode", "reference", str(exc)) from None
+
+
+def _families(
+    svc: _Service, family: list[str], run: str, config: dict[str, Any]
+) -> dict[str, ReferenceCurve]:
+    """Family mode: the loss curves ``family`` predicts for ``run`` (of ``config``), from
+    the server's store; errors as for a reference, naming the field ``family``."""
+    if not svc.ingest.detects:
+        raise ApiError(409, "no family mode", "family", "this server runs no live detection")
+    try:
+        return family_references(svc.store, family, run, config, svc.settings.detect_config)
+    except LookupError as exc:  # an unknown run
+        raise ApiError(404, "no such run", "family", str(exc).strip("'\"")) from None
+    except ValueError as exc:  # itself, no params, no loss curve of the family
+        raise ApiError(409, "no family mode", "family", str(exc)) from None
 
 
 def _finish(svc: _Service, run_id: int, body: S.FinishIn) -> str:

@@ -171,6 +171,12 @@ class RunStart(_Model):
         "this earlier run's curve in its store, aligned by step (404: no such run; 409: it "
         "cannot)",
     )
+    family: Annotated[list[Name], Field(min_length=1, max_length=100)] | None = Field(
+        default=None,
+        description="family mode: the server's live detection judges each loss against "
+        "what these earlier runs of the recipe in its store predict for this run (its "
+        "config needs params and total_steps; 404: no such run; 409: it cannot)",
+    )
 
 
 class RunStarted(BaseModel):
