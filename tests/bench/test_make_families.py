@@ -1,0 +1,60 @@
+"""The CPU training families' generator: a deterministic corpus, and LRs runwatch would plan."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runwatch.expect.planned import check_schedule, planned_lr
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "data" / "make_families.py"
+_spec = importlib.util.spec_from_file_location("make_families", SCRIPT)
+mf = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mf)
+
+
+def test_corpus_is_the_same_for_the_same_seed_and_differs_for_another():
+    first = mf.make_chains(4, 300, seed=1)
+    assert np.array_equal(first, mf.make_chains(4, 300, seed=1))
+    assert not np.array_equal(first, mf.make_chains(4, 300, seed=2))
+    assert first.min() >= 0 and first.max() < mf.VOCAB
+
+
+def test_corpus_follows_its_sparse_tables():
+    # every next token must be one the generating mixture gives a non-zero probability to
+    chains = mf.make_chains(8, 400, seed=5)
+    floor = mf.true_cross_entropy(chains)
+    assert np.isfinite(floor) and 0 < floor < np.log(mf.VOCAB)
+
+
+@pytest.mark.parametrize(
+    ("name", "total"), [("cosine", 2000), ("cosine", 4000), ("constant", 4000), ("wsd", 4000)]
+)
+def test_logged_lr_share_is_runwatchs_planned_lr(name, total):
+    schedule = mf.schedule_for(name, total)
+    check_schedule(schedule, total)  # runwatch can read the config as written
+    steps, share = planned_lr(schedule, total)
+    ours = np.array([mf.lr_share(schedule, total, int(s)) for s in steps])
+    np.testing.assert_allclose(ours, share, rtol=1e-12, atol=0)
+
+
+def test_wsd_decays_from_step_3200_and_names_say_so():
+    schedule = mf.schedule_for("wsd", 4000)
+    assert (schedule["decay_start"], schedule["decay_shape"]) == (3200, "linear")
+    assert mf.run_name(64, schedule, 4000, 0) == "cpu_w64_wsd_3200_4000"
+    assert mf.run_name(192, mf.schedule_for("cosine", 2000), 2000, 0) == "cpu_w192_cosine_2000"
+
+
+def test_committed_families_have_a_config_and_a_csv_per_run():
+    index_path = mf.OUT / "runs.json"
+    if not index_path.exists():
+        pytest.skip("bench/data/cpu_families not generated")
+    index = json.loads(index_path.read_text())
+    for name, config in index.items():
+        assert (mf.OUT / f"{name}.csv.gz").exists(), name
+        check_schedule(config["schedule"], config["total_steps"])
+        assert config["tokens_per_step"] == mf.BATCH * mf.CONTEXT
