@@ -369,7 +369,12 @@ def _add_series(
         )
 
 
-def _add_expected(spec: _Spec, expected: pd.DataFrame, forecast: dict[str, Any] | None) -> None:
+def _add_expected(
+    spec: _Spec,
+    expected: pd.DataFrame,
+    forecast: dict[str, Any] | None,
+    name: str = "expected",
+) -> None:
     x = expected["x"].to_numpy()
     spec.trace(
         1,
@@ -398,10 +403,10 @@ def _add_expected(spec: _Spec, expected: pd.DataFrame, forecast: dict[str, Any] 
         x=x,
         y=expected["expected"].to_numpy(dtype=float),
         mode="lines",
-        name="expected",
+        name=name,
         line={"color": EXPECTED_COLOR, "width": 1.5, "dash": "dash"},
         legendgroup="expected",
-        hovertemplate="expected %{y:.4g}<extra></extra>",
+        hovertemplate=name + " %{y:.4g}<extra></extra>",
     )
     if forecast is not None:
         lo, hi, mid = forecast["lower"], forecast["upper"], forecast["predicted"]
@@ -524,6 +529,7 @@ def run_figure(
     panels: Sequence[tuple[str, pd.DataFrame]],
     *,
     expected: pd.DataFrame | None = None,
+    expected_name: str = "expected",
     forecast: dict[str, Any] | None = None,
     anomalies: pd.DataFrame | None = None,
     restarts: Sequence[tuple[Any, str]] = (),
@@ -536,7 +542,8 @@ def run_figure(
     focus: Sequence[str] = (),
 ) -> go.Figure:
     """The run chart: one row per (metric, frame), the first row tall and holding the
-    expected curve, its band and the forecast.
+    expected curve (named ``expected_name``: "expected (family)" for a family's), its band
+    and the forecast.
 
     ``anomalies`` has id, metric, x0, x1, y (observed), severity, message, state; each is a
     clickable marker (``customdata`` = anomaly id[, incident id]) and an episode is a shaded span.
@@ -564,7 +571,7 @@ def run_figure(
             pins[row] = _pin_height(y_range, log)
         _add_series(spec, row, metric, frame, PALETTE[i % len(PALETTE)], smoothed, pins.get(row))
     if expected is not None and len(expected):
-        _add_expected(spec, expected, forecast)
+        _add_expected(spec, expected, forecast, expected_name)
     if anomalies is not None and len(anomalies):
         _add_anomalies(spec, rows, frames, anomalies, pins)
     for x, label in restarts:

@@ -3,17 +3,28 @@
 The scaling view is for reading a big run against its smaller siblings: each run's final
 loss (or, while it trains, its forecast with the 90% band) against its training compute on
 log-log axes, with the fitted law L = a·C^(-b) drawn through the finished ones.
+
+The family view asks the same of one run against the runs of its recipe at other sizes:
+their final loss by parameter count, the family's law for this run's schedule with its
+band, and the run's own forecast with its interval -- is this run on the line?
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from runwatch.dashboard.charts import FORECAST_COLOR, PALETTE, base_layout
+from runwatch.dashboard.charts import (
+    BAND_FILL,
+    EXPECTED_COLOR,
+    FORECAST_COLOR,
+    PALETTE,
+    base_layout,
+)
 
 
 def compare_figure(
@@ -111,5 +122,117 @@ def scaling_figure(points: pd.DataFrame, law: tuple[float, float] | None) -> go.
         )
     fig.update_xaxes(title_text="training compute (FLOPs)", type="log")
     fig.update_yaxes(title_text="final loss", type="log")
+    base_layout(fig, 420)
+    return fig
+
+
+def law_at(view: Mapping[str, Any], params: float) -> tuple[float, float, float]:
+    """The family law's (expected, lower, upper) at ``params``, interpolated in log-log
+    between the law's samples (``scaling_view``'s ``law``: params, expected, lower, upper)."""
+    law = np.asarray(view["law"], dtype=float)
+    x = np.log(law[:, 0])
+    return tuple(  # type: ignore[return-value]
+        float(np.exp(np.interp(np.log(params), x, np.log(law[:, i])))) for i in (1, 2, 3)
+    )
+
+
+def on_the_line(view: Mapping[str, Any]) -> dict[str, Any]:
+    """Is the run's forecast on its family's line? The law's value and band at the run's
+    params, the forecast's distance from the line (``off``, relative), and ``where``:
+    "above" (worse than its size predicts), "below" or "on" (inside the band)."""
+    fc = view["forecast"]
+    expected, lower, upper = law_at(view, float(fc["params"]))
+    predicted = float(fc["predicted"])
+    where = "above" if predicted > upper else "below" if predicted < lower else "on"
+    return {
+        "expected": expected,
+        "lower": lower,
+        "upper": upper,
+        "off": predicted / expected - 1.0,
+        "where": where,
+    }
+
+
+def family_scaling_figure(view: Mapping[str, Any], run: str, metric: str = "loss") -> go.Figure:
+    """Final ``metric`` against params, log-log: the family's runs as labelled points, the
+    family law (for ``run``'s schedule) as a line in its 90% band, and ``run``'s forecast
+    as a point with its interval (``runwatch.pipeline.family.scaling_view``'s dict)."""
+    law = np.asarray(view["law"], dtype=float).reshape(-1, 4)
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=law[:, 0],
+            y=law[:, 3],
+            mode="lines",
+            line={"width": 0},
+            showlegend=False,
+            hoverinfo="skip",
+            legendgroup="law",
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=law[:, 0],
+            y=law[:, 2],
+            mode="lines",
+            line={"width": 0},
+            fill="tonexty",
+            fillcolor=BAND_FILL,
+            name="family law band (90%)",
+            hoverinfo="skip",
+            legendgroup="law",
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=law[:, 0],
+            y=law[:, 1],
+            mode="lines",
+            name="family law",
+            line={"color": EXPECTED_COLOR, "dash": "dash", "width": 1.5},
+            legendgroup="law",
+            hovertemplate="law at %{x:.3g} params: %{y:.4g}<extra></extra>",
+        )
+    )
+    names = [r[0] for r in view["runs"]]
+    fig.add_trace(
+        go.Scatter(
+            x=[float(r[1]) for r in view["runs"]],
+            y=[float(r[2]) for r in view["runs"]],
+            mode="markers+text",
+            text=names,
+            textposition="top center",
+            name="family runs (final)",
+            marker={"size": 11, "color": PALETTE[0]},
+            hovertemplate="%{text}<br>%{x:.3g} params<br>final %{y:.4g}<extra></extra>",
+        )
+    )
+    fc = view["forecast"]
+    mid, lo, hi = float(fc["predicted"]), float(fc["lower"]), float(fc["upper"])
+    fig.add_trace(
+        go.Scatter(
+            x=[float(fc["params"])],
+            y=[mid],
+            mode="markers+text",
+            text=[run],
+            textposition="middle right",
+            name=f"{run} forecast",
+            marker={"size": 13, "symbol": "diamond", "color": FORECAST_COLOR},
+            error_y={
+                "type": "data",
+                "symmetric": False,
+                "array": [hi - mid],
+                "arrayminus": [mid - lo],
+                "color": FORECAST_COLOR,
+                "thickness": 2,
+            },
+            hovertemplate=(
+                f"{run}<br>%{{x:.3g}} params<br>forecast {mid:.4g} ({lo:.4g} – {hi:.4g})"
+                "<extra></extra>"
+            ),
+        )
+    )
+    fig.update_xaxes(title_text="parameters", type="log")
+    fig.update_yaxes(title_text=f"final {metric}", type="log")
     base_layout(fig, 420)
     return fig

@@ -28,6 +28,7 @@ from runwatch.expect.forecast import FIT_FROM, eta_seconds, forecast
 from runwatch.model import LR_METRICS
 from runwatch.pipeline.analysis import planned_final_step
 from runwatch.pipeline.eta import eta_report
+from runwatch.pipeline.family import scaling_view
 from runwatch.pipeline.fleet import fleet_report
 from runwatch.store import Store, open_store
 
@@ -250,6 +251,30 @@ def failure_eta(db: str, run: str, final_step: int) -> dict[str, Any] | None:
         "expected_failures": eta.expected_failures,
         "cost_per_failure_s": eta.cost_per_failure_s,
     }
+
+
+@st.cache_data(ttl=FORECAST_TTL, show_spinner=False)
+def family_curve(db: str, run: str, metric: str) -> dict[str, Any] | None:
+    """The family curve stored for ``run``'s ``metric`` (``forecast``/``analyze --family``):
+    family (the runs' names), upto, final_step and curve (step, expected, lower, upper,
+    from step 1); None when the stored curve is another model's, or none is stored."""
+    meta, curve = reader(db).expected_curve(run, metric)
+    if curve.empty or meta.get("model") != "family":
+        return None
+    return {
+        "family": list(meta.get("family") or []),
+        "upto": meta.get("upto"),
+        "final_step": meta.get("final_step"),
+        "curve": curve.sort_values("step").reset_index(drop=True),
+    }
+
+
+@st.cache_data(ttl=FORECAST_TTL, show_spinner=False)
+def family_scaling(db: str, run: str, metric: str, family: tuple[str, ...]) -> dict[str, Any]:
+    """The Compare page's scaling view of ``run`` against ``family``
+    (``runwatch.pipeline.family.scaling_view``): runs, law and forecast. A ValueError,
+    not cached, says why the family cannot be fitted."""
+    return scaling_view(reader(db), run, metric, list(family))
 
 
 def save_verdict(db: str, anomaly_id: int, verdict: str, note: str, author: str | None) -> int:

@@ -1,6 +1,6 @@
-"""Compare: runs overlaid on one axis (step or tokens), and the scaling view -- each run's
-final or forecast loss against its compute with the fitted law, for reading a big run
-against its smaller siblings."""
+"""Compare: runs overlaid on one axis (step or tokens), and the scaling views -- each run's
+final or forecast loss against its compute with the fitted law, and one run against its
+family (the recipe's runs at other sizes): is this run on the line?"""
 
 from __future__ import annotations
 
@@ -8,8 +8,14 @@ import pandas as pd
 import streamlit as st
 
 from runwatch.dashboard import data, shaping, ui
-from runwatch.dashboard.charts_compare import compare_figure, scaling_figure
+from runwatch.dashboard.charts_compare import (
+    compare_figure,
+    family_scaling_figure,
+    on_the_line,
+    scaling_figure,
+)
 from runwatch.pipeline import runconfig
+from runwatch.pipeline.family import params_of
 
 db = ui.store_path()
 st.title("Compare")
@@ -134,3 +140,100 @@ else:
         right.caption("Two runs of different compute are needed to fit a law.")
     else:
         right.metric("Fitted exponent b", f"{law[1]:.3f}", f"a = {law[0]:.3g}", delta_color="off")
+
+
+def family_of(config: dict) -> list[str]:
+    """The run names a config's ``family`` lists (``runwatch import --config``, ``init``)."""
+    listed = config.get("family")
+    return [str(n) for n in listed] if isinstance(listed, list) else []
+
+
+def family_view(target: str, family: list[str]) -> None:
+    if not family:
+        st.info(f"Pick the runs of {target}'s family (the same recipe at other sizes).")
+        return
+    roles = shaping.metrics_by_role(data.metrics(db, target), configs[target])
+    metric = roles.get("loss") or "loss"
+    try:
+        with ui.guarded(db):
+            view = data.family_scaling(db, target, metric, tuple(family))
+    except ValueError as exc:
+        st.info(f"The family cannot be fitted: {exc}")
+        return
+    fc, line = view["forecast"], on_the_line(view)
+    left, right = st.columns([2, 1])
+    left.plotly_chart(
+        family_scaling_figure(view, target, metric), key="family_scaling_chart", width="stretch"
+    )
+    right.metric(
+        f"{target}: forecast final {metric}",
+        f"{fc['predicted']:.4f}",
+        f"{line['off']:+.1%} vs the line ({line['expected']:.4f})",
+        delta_color="inverse",
+        help="The forecast from the family law and the run's own points so far; the line is "
+        "the law alone at the run's parameter count.",
+    )
+    verdict = {
+        "on": ":green-badge[on the line]",
+        "above": ":orange-badge[above the line: worse than its size predicts]",
+        "below": ":blue-badge[below the line: better than its size predicts]",
+    }[line["where"]]
+    right.markdown(verdict)
+    seen = (
+        f"with its points to step {int(fc['upto']):,}"
+        if fc.get("upto")
+        else "from the family alone (no points yet)"
+    )
+    right.caption(
+        f"Forecast {seen}, 90%: {fc['lower']:.4f} – {fc['upper']:.4f}. The line's band at "
+        f"{fc['params']:.3g} params: {line['lower']:.4f} – {line['upper']:.4f}."
+    )
+    right.dataframe(
+        pd.DataFrame(view["runs"], columns=["run", "params", "final"]),
+        hide_index=True,
+        width="stretch",
+        column_config={"params": st.column_config.NumberColumn(format="%.3e")},
+    )
+
+
+st.subheader("Scaling: is this run on its family's line?")
+st.caption(
+    "A run against its family, the same recipe at other sizes: each family run's final "
+    "loss by its parameter count (config `params`), the family law for this run's LR "
+    "schedule with its 90% band, and the run's forecast final loss with its interval. A "
+    "run listing its family in its config (`family`) opens with it picked."
+)
+sized = [n for n in names if params_of(configs[n]) is not None]
+with_family = [n for n in names if family_of(configs[n])]
+targets = list(dict.fromkeys(with_family + sized))
+if not targets:
+    st.info(
+        "No run has `params` (its parameter count) in its config: add it with `runwatch "
+        "import FILE --run NAME --append --config '{\"params\": N}'`."
+    )
+else:
+    target = st.selectbox(
+        "Run",
+        targets,
+        index=0 if with_family else None,
+        placeholder="pick a run to place on its family's line",
+        key="fam_run",
+    )
+    if target is not None:
+        listed = family_of(configs[target])
+        known = [n for n in listed if n in configs and n != target]
+        missing = [n for n in listed if n not in configs]
+        if missing:
+            st.warning(
+                f"{target}'s config names family runs not in this store, left out: "
+                f"{', '.join(missing)}."
+            )
+        family_view(
+            target,
+            st.multiselect(
+                "Family runs",
+                list(dict.fromkeys(known + [n for n in sized if n != target])),
+                default=known,
+                key=f"fam_of-{target}",
+            ),
+        )

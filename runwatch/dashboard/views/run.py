@@ -189,6 +189,7 @@ def chart() -> None:
         membership = data.incident_membership(db, run)
         attempts = data.attempts(db, run)
         fc = data.loss_forecast(db, run, loss) if loss else None
+        family = data.family_curve(db, run, loss) if loss else None
     if axis == "tokens" and not tps:
         st.warning(
             "No tokens per step known for this run (config `tokens_per_step`, or "
@@ -200,14 +201,21 @@ def chart() -> None:
         inside = (anomalies["end_step"] >= lo) & (anomalies["start_step"] <= hi)
         anomalies = anomalies[inside]
     expected = forecast = None
-    if fc is not None:
+    if family is not None:
+        # A family's curve is known before the run starts: drawn over the whole run from
+        # step 1 (or the zoomed window's start), not only from where a fit would begin.
+        curve = family["curve"]
+        first = 1 if start is None else lo
+        curve = curve[(curve["step"] >= first) & ((curve["step"] <= hi) | (end is None))]
+        expected = curve.assign(x=to_x(curve["step"].to_numpy()))
+    elif fc is not None:
         curve = fc["curve"]
         # Only where the fit speaks: the early, steep part is not what it was fitted on.
         lo_fit = max(lo, fc["fit_from"])
         curve = curve[(curve["step"] >= lo_fit) & ((curve["step"] <= hi) | (end is None))]
         expected = curve.assign(x=to_x(curve["step"].to_numpy()))
-        if end is None:
-            forecast = {**fc, "x": to_x([fc["final_step"]])[0]}
+    if fc is not None and end is None:
+        forecast = {**fc, "x": to_x([fc["final_step"]])[0]}
     restarts = [
         (to_x([r.start_step])[0], f"restart #{int(r.attempt)} ({r.reason})")
         for r in attempts.itertuples()
@@ -220,6 +228,7 @@ def chart() -> None:
     fig = run_figure(
         [(m, shaping.with_x(f, axis, tps)) for m, f in frames.items()],
         expected=expected,
+        expected_name="expected (family)" if family is not None else "expected",
         forecast=forecast,
         anomalies=anomaly_marks(marked, to_x),
         restarts=restarts,
@@ -245,6 +254,9 @@ def chart() -> None:
             f"{hidden:,} info-level incident{'' if hidden == 1 else 's'} not drawn "
             "(toggle *info incidents*)."
         )
+    if family is not None and family["family"]:
+        names = ", ".join(shaping.markdown_text(n) for n in family["family"])
+        st.caption(f"Expected curve from the family: {names}")
     st.caption(" ".join(notes))
     ui.updated_caption()
     picked = [p for p in (event.selection.points if event else []) if p.get("customdata")]
