@@ -39,6 +39,16 @@ power law by 4.8% inside its band; 0.5 and 1.0 then made equally good choices at
 of the synthetic cosines, the demo and llm.c (bench/forecast_lr.py)."""
 
 
+ANNEAL_ALLOWANCE = 0.05
+"""How much lower than its fit a run may end, as a share of the predicted value, when the
+forecast does not know the rest of its LR schedule (no LR logged, an LR held flat, or a
+decay too little seen): an anneal still to come lowers the final loss by about that much.
+Annealing was worth 1.9-3.7% of the final loss in the real families (constant LR against
+cosine and WSD runs of the same length and size) and up to 4% beyond the power law in the
+modded-nanogpt warmdowns (``bench/README-forecast-family.md``). The lower band end grows
+to it over the steps still to come."""
+
+
 @dataclass(frozen=True)
 class Forecast:
     """Predicted value at ``final_step`` with a 90% band, and how to draw the curve."""
@@ -77,12 +87,31 @@ class Forecast:
         return None
 
 
-def _band_fn(predict: Callable[[np.ndarray], np.ndarray], sigma: float, upto: float):
+def _band_fn(
+    predict: Callable[[np.ndarray], np.ndarray],
+    sigma: float,
+    upto: float,
+    final: float,
+    anneal: float = 0.0,
+    now: float | None = None,
+):
+    """The curve and its 90% band: the fit's noise and its extrapolation; beyond ``upto``
+    the lower end reaches ``anneal`` of the mean by ``final`` (an unknown anneal), and the
+    upper end is never below ``now``, the level the run is at (a healthy loss does not end
+    higher than it is; a fit's fall may be too steep)."""
+
     def curve(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         mean = predict(steps)
         extrap = np.log(np.maximum(steps, upto) / max(upto, 1.0))
         half = Z90 * np.sqrt(sigma**2 + (EXTRAP_REL * extrap * np.abs(mean)) ** 2)
-        return mean, mean - half, mean + half
+        lower, upper = mean - half, mean + half
+        ahead = steps > upto
+        if anneal > 0:
+            ramp = np.clip((steps - upto) / max(final - upto, 1.0), 0.0, 1.0)
+            lower = np.minimum(lower, mean - anneal * ramp * np.abs(mean))
+        if now is not None:
+            upper = np.where(ahead, np.maximum(upper, now), upper)
+        return mean, lower, upper
 
     return curve
 
@@ -169,7 +198,10 @@ def forecast(
     else:
         law = fit_power_law(bs, bv)
         mean_fn, sigma, model = law.predict, law.sigma, "power_law"
-    curve = _band_fn(mean_fn, sigma, up)
+    unknown_anneal = model == "power_law" or (model == "lr_law" and schedule == "flat")
+    anneal = ANNEAL_ALLOWANCE if unknown_anneal and fin > up else 0.0
+    now = _level_now(bs, bv, up) if model != "reference" else None
+    curve = _band_fn(mean_fn, sigma, up, fin, anneal, now)
     m, lo, hi = (float(a[0]) for a in curve(np.array([fin])))
     target_step = None
     if target is not None and math.isfinite(target):
@@ -202,6 +234,12 @@ def _fit_lr_law(
         log.debug("LR law not used: anneal seen %.3g, still to come %.3g", seen, coming)
         return None, projected.shape
     return law, projected.shape
+
+
+def _level_now(bs: np.ndarray, bv: np.ndarray, up: float) -> float | None:
+    """The run's level at the fit step: the median of its bins in the last tenth of it."""
+    late = bv[bs >= 0.9 * up]
+    return float(np.median(late)) if late.size else None
 
 
 def _target_step(mean_fn, target: float, start: float, stop: float) -> int | None:

@@ -162,3 +162,31 @@ def test_eta_follows_the_recent_pace_not_the_average():
     assert eta_seconds(times, steps, upto=999, final=999) == 0.0
     assert eta_seconds(None, steps, upto=999, final=1999) is None
     assert eta_seconds(np.full(1000, np.nan), steps, upto=999, final=1999) is None
+
+
+def test_an_anneal_still_to_come_is_inside_the_band_when_the_lr_is_not_logged():
+    # A warmup-stable-decay run whose LR is not logged: at 75% nothing tells of the decay,
+    # which lowers the final loss 4% below the stable phase's power law.
+    s = np.arange(1, 8001, dtype=float)
+    stable = 2.0 + 6.0 * (s + 50.0) ** -0.45
+    drop = 0.04 * stable * np.clip((s - 6400) / 1600, 0, 1)
+    y = stable - drop
+    f = forecast(s, y, upto=6000, final_step=8000)
+    assert f.model == "power_law"
+    assert f.lower <= y[-1] <= f.upper
+    # With the decay logged and seen, the law knows it: no allowance for an unknown anneal.
+    lr = np.where(s < 6400, 1.0, 1.0 - 0.9 * (s - 6400) / 1600)
+    known = forecast(s, y, upto=8000, final_step=8000, lr_steps=s, lr_values=lr)
+    assert known.upper - known.lower < f.upper - f.lower
+
+
+def test_the_band_never_ends_below_where_a_too_steep_fit_says_but_the_run_is():
+    # The early points of a curve that is about to flatten: the fit's fall is far too
+    # steep, and the upper end of the band stays at the level the run is at.
+    s = np.arange(1, 20001, dtype=float)
+    y = 3.0 + 2.0 * np.exp(-s / 400.0)
+    f = forecast(s, y, upto=300, final_step=20000)
+    level = float(np.median(y[270:300]))
+    assert f.predicted < 2.0  # the fit alone would promise far too much
+    assert f.upper >= 0.99 * level
+    assert f.lower <= y[-1] <= f.upper  # the fit's own band ends near 1.5

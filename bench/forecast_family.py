@@ -1,0 +1,291 @@
+"""Issue 18's figures: family and schedule-transfer forecasts, and honest bands.
+
+    python bench/forecast_family.py [--quick]
+
+Every forecast goes through the product's path: the runs are imported into a SQLite store
+with their config (``import --config``) and forecast by ``forecast_run`` (what
+``runwatch forecast --family`` runs), at 0 (before the run starts) and 25% of the
+target's steps. The anchors run in the same process on the same data: naive fits of the
+family's final losses over size (a log-log line; a Chinchilla-form E + A·N^-a with three or
+more sizes), the next size down's late-to-25% loss ratio, ``--reference`` with the next size
+down (or the same size's short cosine), and the run alone (``forecast`` on its own points).
+
+Data: ``shared/data/real_families`` (27 real runs, 3 sizes x 9 schedules) and
+``bench/data/cpu_families`` (real CPU runs made by ``bench/data/make_families.py``). The
+single-run band coverage is measured on ``shared/data/real_runs`` and the CPU runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import curve_fit
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from runwatch.collectors.importer import import_long_format  # noqa: E402
+from runwatch.pipeline.analysis import forecast_run  # noqa: E402
+from runwatch.store import open_store  # noqa: E402
+
+REAL = ROOT.parent / "shared" / "data" / "real_families"
+CPU = ROOT / "bench" / "data" / "cpu_families"
+REAL_SCHEDULES = (
+    "cosine_24000",
+    "constant_24000",
+    "cosine_72000",
+    "constant_72000",
+    "wsd_20000_24000",
+    "wsdld_20000_24000",
+)
+REAL_FIT_SET = ("cosine_24000", "constant_24000")
+"""The paper's fit set: the runs of each size that the family holds."""
+REAL_SIZES = {"25m": 25e6, "100m": 100e6, "400m": 400e6}
+_WARM = {"warmup": 2160}
+REAL_PLANS = {
+    "cosine_24000": {"name": "cosine", "final_lr_fraction": 0.1, **_WARM},
+    "cosine_72000": {"name": "cosine", "final_lr_fraction": 0.1, **_WARM},
+    "constant_24000": {"name": "constant", **_WARM},
+    "constant_72000": {"name": "constant", **_WARM},
+    "wsd_20000_24000": {
+        "name": "wsd",
+        "decay_start": 20000,
+        "decay_shape": "cosine",
+        "final_lr_fraction": 0.1,
+        **_WARM,
+    },
+    "wsdld_20000_24000": {
+        "name": "wsd",
+        "decay_start": 20000,
+        "decay_shape": "linear",
+        "final_lr_fraction": 0.1,
+        **_WARM,
+    },
+}
+"""The real runs' schedules as a config gives them (their SOURCES.md and logged LR); the
+two-stage ``wsdcon`` runs drop the LR once, which no schedule name says: they are in the
+family's fit set (their LR is logged) and not forecast targets."""
+
+
+def final_value(frame: pd.DataFrame, metric: str) -> float:
+    """A run's final value: the median of its last five points of ``metric``."""
+    g = frame[frame["metric"] == metric].sort_values("step")
+    return float(np.median(g["value"].to_numpy(float)[-5:]))
+
+
+class Bench:
+    """One store with every run imported; forecasts and anchors per case."""
+
+    def __init__(self, db: Path) -> None:
+        self.store = open_store(str(db))
+        self.frames: dict[str, pd.DataFrame] = {}
+        self.configs: dict[str, dict] = {}
+
+    def add(self, path: Path, name: str, config: dict) -> None:
+        import_long_format(self.store, path, run_name=name, config=config)
+        frame = pd.read_csv(path)
+        self.frames[name] = frame
+        self.configs[name] = config
+
+    def truth(self, run: str, metric: str) -> float:
+        return final_value(self.frames[run], metric)
+
+    def case(self, kind, run, metric, family, frac, anchors) -> dict:
+        final = self.configs[run]["total_steps"]
+        upto = int(frac * final)
+        truth = self.truth(run, metric)
+        row = {"kind": kind, "target": run, "at": f"{frac:.0%}", "truth": truth}
+        f = forecast_run(self.store, run, metric, upto=upto, family=family, save=False)
+        row |= {
+            "family": _err(f.predicted, truth),
+            "covered": f.lower <= truth <= f.upper,
+            "band": (f.upper - f.lower) / 2 / truth * 100,
+        }
+        for name, fn in anchors.items():
+            try:
+                row[name] = _err(fn(upto), truth)
+            except (ValueError, RuntimeError) as exc:
+                print(f"  {name} on {run} at {frac:.0%}: {exc}", file=sys.stderr)
+                row[name] = math.nan
+        return row
+
+    def alone(self, run, metric):
+        def fn(upto):
+            return forecast_run(self.store, run, metric, upto=upto, save=False).predicted
+
+        return fn
+
+    def reference(self, run, metric, ref):
+        def fn(upto):
+            return forecast_run(
+                self.store, run, metric, upto=upto, reference=ref, save=False
+            ).predicted
+
+        return fn
+
+    def ratio(self, run, metric, smaller):
+        """The next size down's final-to-(value at ``upto``) ratio times the target's."""
+
+        def fn(upto):
+            own = self._at(run, metric, upto)
+            return own * self.truth(smaller, metric) / self._at(smaller, metric, upto)
+
+        return fn
+
+    def _at(self, run, metric, upto):
+        g = self.frames[run]
+        g = g[(g["metric"] == metric) & (g["step"] <= upto) & (g["step"] >= 0.8 * upto)]
+        if g.empty:
+            raise ValueError(f"{run} has no {metric} near step {upto}")
+        return float(np.median(g["value"]))
+
+    def size_fits(self, run, metric, family):
+        """Naive fits of the family's final values over params (the anchors)."""
+        n = np.array([self.configs[m]["params"] for m in family])
+        y = np.array([self.truth(m, metric) for m in family])
+        target_n = self.configs[run]["params"]
+        slope, icept = np.polyfit(np.log(n), np.log(y), 1)
+        out = {"loglog": lambda upto: float(np.exp(icept + slope * np.log(target_n)))}
+        if len(family) >= 3:
+
+            def chinchilla(upto):
+                f = lambda x, e, a, b: e + a * np.exp(-b * (x - np.log(n).min()))  # noqa: E731
+                p, _ = curve_fit(
+                    f,
+                    np.log(n),
+                    y,
+                    p0=(y.min() * 0.8, y.max() - y.min() * 0.8, 0.3),
+                    bounds=([0, 0, 0], [y.min(), np.inf, 5]),
+                    maxfev=20000,
+                )
+                return float(f(np.log(target_n), *p))
+
+            out["chinchilla"] = chinchilla
+        return out
+
+
+def _err(pred: float, truth: float) -> float:
+    return (pred - truth) / truth * 100
+
+
+def real_families(bench: Bench, quick: bool) -> list[dict]:
+    meta = json.loads((REAL / "runs.json").read_text())
+    for name in meta:
+        size = name.split("_")[1]
+        sched = name.split("_", 2)[2]
+        last = meta[name]["last_step"]
+        total = int(sched.rsplit("_", 1)[1]) if sched[-5:].isdigit() else last
+        config = {"params": REAL_SIZES[size], "total_steps": total}
+        if sched in REAL_PLANS:
+            config["schedule"] = REAL_PLANS[sched]
+        bench.add(REAL / f"{name}.csv", name, config)
+    rows = []
+    targets = REAL_SCHEDULES[:3] if quick else REAL_SCHEDULES
+    family = [f"mpl_{s}_{x}" for s in ("25m", "100m") for x in REAL_FIT_SET]
+    for sched in targets:
+        run = f"mpl_400m_{sched}"
+        same = [f"mpl_{s}_{sched}" for s in ("25m", "100m")]
+        for frac in (0.0, 0.25):
+            anchors = dict(bench.size_fits(run, "loss", same)) if frac == 0 else {}
+            if frac:
+                anchors |= {
+                    "ratio": bench.ratio(run, "loss", same[-1]),
+                    "reference": bench.reference(run, "loss", same[-1]),
+                    "alone": bench.alone(run, "loss"),
+                }
+            rows.append(bench.case("real size", run, "loss", family, frac, anchors))
+    for size in REAL_SIZES if not quick else ("100m",):
+        family = [f"mpl_{size}_cosine_24000", f"mpl_{size}_constant_24000"]
+        for sched in ("cosine_72000", "wsd_20000_24000", "wsdld_20000_24000", "constant_72000"):
+            run = f"mpl_{size}_{sched}"
+            for frac in (0.0, 0.25):
+                anchors = {}
+                if frac:
+                    anchors = {
+                        "reference": bench.reference(run, "loss", family[0]),
+                        "alone": bench.alone(run, "loss"),
+                    }
+                rows.append(bench.case("real transfer", run, "loss", family, frac, anchors))
+    return rows
+
+
+def cpu_families(bench: Bench) -> list[dict]:
+    meta = json.loads((CPU / "runs.json").read_text())
+    for name, config in meta.items():
+        bench.add(next(CPU.glob(f"{name}.csv*")), name, config)
+    widths = sorted(
+        (c["params"], n) for n, c in meta.items() if n.endswith("cosine_2000") and c["seed"] == 0
+    )
+    names = [n for _, n in widths]
+    run, family = names[-1], names[:-1]
+    rows = []
+    for frac in (0.0, 0.25):
+        anchors = dict(bench.size_fits(run, "val_loss", family)) if frac == 0 else {}
+        if frac:
+            anchors |= {
+                "ratio": bench.ratio(run, "val_loss", family[-1]),
+                "reference": bench.reference(run, "val_loss", family[-1]),
+                "alone": bench.alone(run, "val_loss"),
+            }
+        rows.append(bench.case("cpu size", run, "val_loss", family, frac, anchors))
+    mid = next(n for n in meta if n.endswith("constant_4000")).rsplit("_", 2)[0]
+    family = [f"{mid}_constant_4000", f"{mid}_cosine_2000"]
+    for target in (f"{mid}_cosine_4000", f"{mid}_wsd_3200_4000"):
+        for frac in (0.0, 0.25):
+            anchors = {}
+            if frac:
+                anchors = {
+                    "reference": bench.reference(target, "val_loss", family[1]),
+                    "alone": bench.alone(target, "val_loss"),
+                }
+            rows.append(bench.case("cpu transfer", target, "val_loss", family, frac, anchors))
+    return rows
+
+
+def summary(rows: pd.DataFrame) -> pd.DataFrame:
+    out = []
+    cols = [
+        c for c in rows.columns if c not in ("kind", "target", "at", "truth", "covered", "band")
+    ]
+    for (kind, at), g in rows.groupby(["kind", "at"], sort=False):
+        rec = {"kind": kind, "at": at, "n": len(g)}
+        for c in cols:
+            v = g[c].abs().dropna()
+            rec[f"{c} med|err|%"] = round(float(v.median()), 2) if len(v) else None
+        rec["coverage"] = f"{int(g['covered'].sum())}/{len(g)}"
+        rec["band ±%"] = round(float(g["band"].median()), 2)
+        out.append(rec)
+    return pd.DataFrame(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a few real-family cases only")
+    args = parser.parse_args()
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = Bench(Path(tmp) / "families.db")
+        rows = real_families(bench, args.quick)
+        if (CPU / "runs.json").exists():
+            rows += cpu_families(bench)
+        bench.store.close()
+    frame = pd.DataFrame(rows)
+    pd.set_option("display.width", 200)
+    pd.set_option("display.max_columns", 30)
+    print(frame.round(2).to_string(index=False))
+    print()
+    print(summary(frame).to_string(index=False))
+    print(f"\n({time.perf_counter() - began:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
