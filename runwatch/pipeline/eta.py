@@ -76,12 +76,11 @@ def _known_by(clock: pd.DataFrame, upto: int | None) -> tuple[pd.DataFrame, floa
     """The clock as it was when the kept curve reached ``upto``, and that time."""
     if upto is None:
         return clock, float(clock["time"].max())
-    last = clock["attempt"].max()
-    # A step is kept by the latest attempt that ran it: the last attempt's first step
-    # and later are its own; each earlier attempt keeps what no later one started below.
+    # A step is kept by the latest attempt that ran it: each attempt keeps the steps below
+    # the lowest first step of any later attempt (the last attempt keeps all its own).
     later = clock.groupby("attempt")["step"].min().iloc[::-1].cummin().iloc[::-1]
     cutoff = later.shift(-1).fillna(math.inf)
-    kept = clock["step"] < clock["attempt"].map(cutoff).where(clock["attempt"] != last, math.inf)
+    kept = clock["step"] < clock["attempt"].map(cutoff)
     mine = clock[kept & (clock["step"] <= upto)]
     if mine.empty:
         return mine, math.nan
