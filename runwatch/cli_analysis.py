@@ -104,6 +104,7 @@ def anomaly_table(episodes: Sequence[Anomaly]) -> str:
 
 def cmd_forecast(args: argparse.Namespace, store: Any) -> int:
     from runwatch.pipeline.analysis import forecast_json, forecast_run
+    from runwatch.pipeline.eta import eta_report
 
     store.run_id(args.run)
     metric = args.metric or _family_metric(args, store)
@@ -119,6 +120,7 @@ def cmd_forecast(args: argparse.Namespace, store: Any) -> int:
         align=args.align,
         family=args.family,
     )
+    eta = eta_report(store, args.run, upto=args.upto, final_step=result.final_step)
     payload = forecast_json(
         args.run,
         metric,
@@ -127,12 +129,12 @@ def cmd_forecast(args: argparse.Namespace, store: Any) -> int:
         reference=args.reference,
         align=args.align,
         family=args.family,
+        eta=eta,
     )
     if args.format == "json":
         print(json.dumps({k: json_plain(v) for k, v in payload.items()}))
         return EXIT_OK
-    eta = result.eta_seconds
-    eta_text = "unknown (no wall times)" if eta is None else duration(eta)
+    eta_text = eta_line(result.eta_seconds, eta)
     model = model_text(result)
     if args.reference is not None:
         model = f"the curve of run {args.reference!r}, aligned by {args.align}"
@@ -167,6 +169,19 @@ def _family_metric(args: argparse.Namespace, store: Any) -> str:
         if not args.family:
             raise
         return default_loss_metric(store, args.family[0])
+
+
+def eta_line(pace_eta: float | None, eta: Any) -> str:
+    """The ETA in words: with failures still to come, its band and the goodput so far."""
+    if eta is None:
+        return "unknown (no wall times)" if pace_eta is None else duration(pace_eta)
+    text = (
+        f"{duration(eta.eta_seconds)} (90% band {duration(eta.eta_lower)} .. "
+        f"{duration(eta.eta_upper)}, with restarts at this run's failure rate)"
+    )
+    if eta.goodput is not None:
+        text += f"; goodput so far {eta.goodput:.0%}"
+    return text
 
 
 def model_text(result: Any) -> str:

@@ -248,7 +248,7 @@ class CurveDeviation(LRAware, Detector):
         return float(law.predict(np.array([float(step)]))[0])
 
     def update(self, step: int, value: float) -> Signal | None:
-        if not math.isfinite(value):
+        if not math.isfinite(value) or step < self._judged_from:
             return None
         if self._reference is not None:
             rec = self._core.update(step, value, ref=self._ref_at(step))
@@ -280,6 +280,8 @@ class CurveDeviation(LRAware, Detector):
         """
         self._need_areas(areas)
         check_lengths(steps, values)
+        if self._judged_from > 0 and len(steps) and min(steps) < self._judged_from:
+            return self._update_judged(steps, values, on_error, areas)
         st = np.ascontiguousarray(steps, dtype=np.float64)
         vs = np.ascontiguousarray(values, dtype=np.float64)
         s1 = s2 = refs = None
@@ -312,6 +314,26 @@ class CurveDeviation(LRAware, Detector):
             else:
                 on_error(j)
             j += 1
+
+    @property
+    def _judged_from(self) -> float:
+        """The first step judged: a reference curve's first known step (else 0)."""
+        return self._reference.first_step if self._reference is not None else 0.0
+
+    def _update_judged(self, steps, values, on_error, areas) -> list[tuple[int, Signal]]:
+        """``update_many`` on the points from ``_judged_from`` on only: before it the
+        reference is not known, and neither the run's smoothed value nor the expected
+        one may start from there (they would lag apart)."""
+        keep = np.flatnonzero(np.asarray(steps, dtype=np.float64) >= self._judged_from)
+        back = None if on_error is None else (lambda j: on_error(int(keep[j])))
+        sub = None if areas is None else tuple(np.asarray(a)[keep] for a in areas)
+        got = self.update_many(
+            [steps[i] for i in keep],
+            [values[i] for i in keep],
+            back,
+            sub,  # type: ignore[arg-type]
+        )
+        return [(int(keep[i]), sig) for i, sig in got]
 
     def _ref_at(self, step: int) -> float:
         """The reference curve at ``step`` (NaN outside the steps it covers)."""

@@ -21,6 +21,7 @@ import pandas as pd
 from runwatch.detect.monitor import Monitor
 from runwatch.detect.replay import replay, replay_input
 from runwatch.detect.roles import role_of
+from runwatch.expect.eta import FailureAwareEta
 from runwatch.expect.forecast import Forecast, eta_seconds, forecast
 from runwatch.expect.reference import ReferenceCurve
 from runwatch.model import LR_METRICS, Anomaly
@@ -323,18 +324,24 @@ def forecast_json(
     reference: str | None = None,
     align: str = "step",
     family: list[str] | None = None,
+    eta: FailureAwareEta | None = None,
 ) -> dict[str, Any]:
     """The ``runwatch forecast --format json`` object (docs/architecture.md): a public contract.
 
-    The DESIGN keys always; ``target``/``target_step`` only with a target, and
-    ``reference``/``align`` only with a reference run (extensions, so a script written
-    for the original object sees exactly it).
+    The DESIGN keys always; ``target``/``target_step`` only with a target,
+    ``reference``/``align`` only with a reference run, ``family`` and ``curve`` only with
+    a family, and with ``eta`` (a failure-aware ETA) ``eta_seconds`` is that one, with
+    ``eta_lower``/``eta_upper``/``goodput`` beside it (extensions, so a script written for
+    the original object sees exactly it).
     """
     extra: dict[str, Any] = {}
     if target is not None:
         extra |= {"target": target, "target_step": result.target_step}
     if reference is not None:
         extra |= {"reference": reference, "align": align}
+    eta_fields: dict[str, Any] = {"eta_seconds": result.eta_seconds}
+    if eta is not None:  # with failures and restarts still to come (runwatch.pipeline.eta)
+        eta_fields = eta.as_json()
     if family:
         frame = curve_frame(result, 1, result.final_step)
         extra |= {"family": list(family), "curve": frame.to_dict(orient="list")}
@@ -347,6 +354,6 @@ def forecast_json(
         "lower": result.lower,
         "upper": result.upper,
         "model": result.model,
-        "eta_seconds": result.eta_seconds,
+        **eta_fields,
         **extra,
     }

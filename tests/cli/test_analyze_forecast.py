@@ -37,6 +37,9 @@ FORECAST_KEYS = {
     "model",
     "eta_seconds",
 }
+# With timed points, the ETA allows for failures still to come (issue 18): its band and the
+# goodput so far are added beside eta_seconds.
+ETA_KEYS = {"eta_lower", "eta_upper", "goodput"}
 
 
 def _log_curve(db_path, name="r", n=2000, nan_at=None, monitor=True, config=None):
@@ -130,11 +133,13 @@ def test_forecast_json_contract_and_planned_final_step(db_path, capsys):
         == 0
     )
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == FORECAST_KEYS
+    assert set(out) == FORECAST_KEYS | ETA_KEYS
     assert (out["upto"], out["final_step"]) == (1000, 8000)
     truth = 2.0 + 8.0 * (8000 + 20.0) ** -0.4
     assert out["lower"] <= truth <= out["upper"]
     assert out["eta_seconds"] is not None and out["eta_seconds"] >= 0
+    assert out["eta_lower"] <= out["eta_seconds"] <= out["eta_upper"]
+    assert 0 < out["goodput"] <= 1
 
 
 def test_forecast_table_and_errors(db_path, capsys):
@@ -229,7 +234,7 @@ def test_forecast_against_a_reference_run_by_step(db_path, capsys):
     _log_law(db_path, "new", 2000, offset=0.05)
     out = _forecast_json(capsys, "--db", str(db_path), "--run", "new", "--reference", "ref",
                          "--final-step", "8000")  # fmt: skip
-    assert set(out) == FORECAST_KEYS | {"reference", "align"}
+    assert set(out) == FORECAST_KEYS | ETA_KEYS | {"reference", "align"}
     assert (out["model"], out["reference"], out["align"]) == ("reference", "ref", "step")
     truth = 2.05 + 8.0 * 8020.0**-0.4
     assert out["predicted"] == pytest.approx(truth, abs=0.01)
@@ -254,7 +259,7 @@ def test_forecast_target_step(db_path, capsys):
     _log_law(db_path, "r", 3000)
     target = 2.0 + 8.0 * (4500 + 20.0) ** -0.4
     out = _forecast_json(capsys, "--db", str(db_path), "--run", "r", "--target", str(target))
-    assert set(out) == FORECAST_KEYS | {"target", "target_step"}
+    assert set(out) == FORECAST_KEYS | ETA_KEYS | {"target", "target_step"}
     assert out["target_step"] == pytest.approx(4500, rel=0.15)
     assert main(["forecast", "--db", str(db_path), "--run", "r", "--target", "1.0"]) == 0
     assert "does not reach 1" in capsys.readouterr().out
