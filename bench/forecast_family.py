@@ -47,7 +47,7 @@ REAL_SCHEDULES = (
     "wsd_20000_24000",
     "wsdld_20000_24000",
 )
-REAL_FIT_SET = ("cosine_24000", "constant_24000")
+REAL_FIT_SET = ("cosine_24000", "constant_24000", "wsdcon_9")
 """The paper's fit set: the runs of each size that the family holds."""
 REAL_SIZES = {"25m": 25e6, "100m": 100e6, "400m": 400e6}
 _WARM = {"warmup": 2160}
@@ -71,9 +71,12 @@ REAL_PLANS = {
         **_WARM,
     },
 }
-"""The real runs' schedules as a config gives them (their SOURCES.md and logged LR); the
-two-stage ``wsdcon`` runs drop the LR once, which no schedule name says: they are in the
-family's fit set (their LR is logged) and not forecast targets."""
+for _stage in ("wsdcon_3", "wsdcon_9", "wsdcon_18"):
+    REAL_PLANS[_stage] = {"name": "constant", **_WARM}
+"""The real runs' schedules as a config gives them (their SOURCES.md and logged LR). The
+two-stage ``wsdcon`` runs drop the LR once, which no schedule name says: their config
+gives the warmup (which the files do not log) and their logged LR the rest; they are in
+the family (the paper's fit set) and not forecast targets."""
 
 
 def final_value(frame: pd.DataFrame, metric: str) -> float:
@@ -204,7 +207,7 @@ def real_families(bench: Bench, quick: bool) -> list[dict]:
                 }
             rows.append(bench.case("real size", run, "loss", family, frac, anchors))
     for size in REAL_SIZES if not quick else ("100m",):
-        family = [f"mpl_{size}_cosine_24000", f"mpl_{size}_constant_24000"]
+        family = [f"mpl_{size}_{x}" for x in REAL_FIT_SET]
         for sched in ("cosine_72000", "wsd_20000_24000", "wsdld_20000_24000", "constant_72000"):
             run = f"mpl_{size}_{sched}"
             for frac in (0.0, 0.25):
@@ -237,9 +240,14 @@ def cpu_families(bench: Bench) -> list[dict]:
                 "alone": bench.alone(run, "val_loss"),
             }
         rows.append(bench.case("cpu size", run, "val_loss", family, frac, anchors))
-    mid = next(n for n in meta if n.endswith("constant_4000")).rsplit("_", 2)[0]
+    constant = [n for n in meta if n.endswith("constant_4000")]
+    if not constant:
+        return rows
+    mid = constant[0].rsplit("_", 2)[0]
     family = [f"{mid}_constant_4000", f"{mid}_cosine_2000"]
     for target in (f"{mid}_cosine_4000", f"{mid}_wsd_3200_4000"):
+        if target not in meta:
+            continue
         for frac in (0.0, 0.25):
             anchors = {}
             if frac:

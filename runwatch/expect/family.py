@@ -4,11 +4,11 @@ One LR-annealing law (``runwatch.expect.lrlaw``: L = E + A·S1^-α - C·S2) is f
 model size, jointly over that size's runs: their schedules differ, their law does not, so
 a constant-LR and a short cosine run teach what annealing is worth, and the law then
 predicts another schedule or length of the same model from its LR alone (schedule
-transfer; lined up by the LR's areas, not by raw step). Across sizes, the log loss at every
-step of the target's schedule is a straight line in log(params), fitted over the sizes the
-family has (a Kaplan-form law per step; ``bench/README-forecast-family.md`` measures the
-alternatives). The band comes from the family's own leave-one-out errors: each schedule
-predicted from the others of its size, each size from the smaller ones.
+transfer; lined up by the LR's areas, not by raw step); a run of the target's own schedule
+and length is followed as it went. Across sizes, the loss at every step of the target's
+schedule is carried to its size by a law per step (``runwatch.expect.size_scaling``), the
+one the family's own leave-one-out errors favour. The band comes from those errors: each
+schedule predicted from the others of its size, each size from the smaller ones.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import numpy as np
 from runwatch.expect.binning import bin_arrays
 from runwatch.expect.lrlaw import AreaLaw, fit_area_law, lr_areas
 from runwatch.expect.powerlaw import MIN_POINTS, TooLittleData
+from runwatch.expect.size_scaling import scale_to
 
 log = logging.getLogger("runwatch.expect.family")
 
@@ -32,10 +33,28 @@ warmup and first fast drop say little about where a run ends."""
 SAME_SIZE = 0.02
 """Runs whose parameter counts differ by less than this share are one size."""
 
+SAME_PLAN = 0.02
+"""A run has the target's plan when its length and its LR (as a share of the peak, RMS)
+differ by less than this share."""
+
 TRANSFER_REL = 0.01
 """The relative error assumed for a schedule transfer when the family cannot measure its
 own (one run per size): the LR-annealing law's error on the real families' held-out
 schedules (``bench/README-forecast-family.md``)."""
+
+DRIFT_REL = 0.01
+"""The relative drift per e-fold of steps assumed when the family cannot measure its own
+(a single run)."""
+
+DRIFT_AT = 0.25
+"""Where in each family run its level is measured for the drift's leave-one-out."""
+
+UPDATE_FROM = 0.5
+"""A run's level is measured on its points after this share of the steps seen so far."""
+
+PRIOR_WEIGHT = 2
+"""How many leave-one-out errors the assumed errors (``TRANSFER_REL``, ``DRIFT_REL``,
+``SIZE_REL_PER_EFOLD``) count as when pooled with the family's own."""
 
 SIZE_REL_PER_EFOLD = 0.02
 """The relative error per e-fold of size extrapolation assumed when the family has too
@@ -63,64 +82,116 @@ class Member:
 
 @dataclass(frozen=True)
 class SizeLaw:
-    """The law of one model size, fitted over the family's runs of that size."""
+    """The law of one model size, fitted over the family's runs of that size, what it
+    missed of them (each run's residuals by its forward area S1, in log), and their
+    observed curves (binned). A target with the schedule and length of one of the runs is
+    expected to follow that run as it went; another schedule, the law, missing it as the
+    runs did at the same progress of the LR."""
 
     params: float
     law: AreaLaw
-    runs: tuple[str, ...]
+    runs: tuple[Member, ...]
+    residuals: tuple[tuple[np.ndarray, np.ndarray], ...] = ()
 
-    def predict(self, s1: np.ndarray, s2: np.ndarray) -> np.ndarray:
-        return self.law.predict_areas(s1, s2)
+    def curve(self, lr_steps: np.ndarray, lr_share: np.ndarray, final: int) -> np.ndarray:
+        """The loss this size is expected to have at steps 0..``final`` of a plan."""
+        same = _same_schedule(self.runs, lr_steps, lr_share, final)
+        if same is not None:
+            bs, bv, _ = bin_arrays(same.steps, same.values)
+            steps = np.arange(final + 1, dtype=float)
+            return np.interp(np.log1p(steps), np.log1p(bs), bv)
+        s1, s2 = areas_at(lr_steps, lr_share, final)
+        base = self.law.predict_areas(s1, s2)
+        if not self.residuals:
+            return base
+        x = np.log(np.maximum(s1, 1e-9))
+        return base + np.mean([np.interp(x, rx, r) for rx, r in self.residuals], axis=0)
+
+
+def _same_schedule(
+    runs: tuple[Member, ...], lr_steps: np.ndarray, lr_share: np.ndarray, final: int
+) -> Member | None:
+    """The run that has the plan's length and LR (within ``SAME_PLAN``), if any."""
+    grid = np.linspace(0, final, 256)
+    plan = np.interp(grid, lr_steps, lr_share)
+    for run in runs:
+        if abs(run.last_step - final) > SAME_PLAN * final + 1:
+            continue
+        theirs = np.interp(grid, run.lr_steps, run.lr_share)
+        if float(np.sqrt(np.mean((theirs - plan) ** 2))) <= SAME_PLAN:
+            return run
+    return None
 
 
 @dataclass(frozen=True)
 class FamilyFit:
-    """The family's laws by size, and the relative errors measured on its own runs."""
+    """The family's laws by size, the size law chosen, and the relative errors measured
+    on its own runs."""
 
     sizes: tuple[SizeLaw, ...]
     transfer_rel: float
     """Relative error of a schedule transfer (leave-one-schedule-out, RMS)."""
     size_rel_per_efold: float
     """Relative error per e-fold of size extrapolation (leave-the-largest-out, RMS)."""
-    measured: dict[str, bool] = field(default_factory=dict)
-    """Which of the two errors the family measured itself (False: the default assumed)."""
+    size_law: str = "loglog"
+    """How the loss scales over size (``runwatch.expect.size_scaling``)."""
+    drift_rel: float = DRIFT_REL
+    """Relative drift per e-fold of steps of a run's level against the family's curve
+    after it is measured (leave-one-out at ``DRIFT_AT`` of each run's steps, RMS)."""
+    measured: dict[str, int] = field(default_factory=dict)
+    """How many leave-one-out errors each figure rests on (0: the default assumed)."""
 
     @property
     def params(self) -> np.ndarray:
         return np.array([s.params for s in self.sizes])
 
-    def expected(self, params: float, s1: np.ndarray, s2: np.ndarray) -> np.ndarray:
-        """The loss a run of ``params`` is expected to have at the given LR areas."""
-        preds = np.array([s.predict(s1, s2) for s in self.sizes])
-        if len(self.sizes) == 1:
-            return preds[0]
-        x = np.log(self.params)
-        logs = np.log(np.maximum(preds, 1e-12))
-        slope, icept = _line(x, logs)
-        return np.exp(icept + slope * math.log(params))
+    def expected(
+        self, params: float, lr_steps: np.ndarray, lr_share: np.ndarray, final: int
+    ) -> np.ndarray:
+        """The loss a run of ``params`` with this plan is expected to have, steps 0..final."""
+        curves = np.array([s.curve(lr_steps, lr_share, int(final)) for s in self.sizes])
+        return scale_to(curves, self.params, params, self.size_law)
+
+    def final_by_size(
+        self, params: np.ndarray, lr_steps: np.ndarray, lr_share: np.ndarray, final: int
+    ) -> np.ndarray:
+        """The final value expected of runs of each of ``params`` with this plan (the
+        scaling view's line), the sizes' curves computed once."""
+        ends = np.array([s.curve(lr_steps, lr_share, int(final))[-1:] for s in self.sizes])
+        return np.array([scale_to(ends, self.params, p, self.size_law)[0] for p in params])
+
+    def drift_half(self) -> float:
+        """The 90% half-width, relative per e-fold of steps, of the drift (``drift_rel``)."""
+        return _t90(self.measured.get("drift", 0) + PRIOR_WEIGHT) * self.drift_rel
 
     def half_width(self, params: float) -> float:
-        """The 90% band's half-width, relative, of a forecast made before the run starts."""
+        """The 90% band's half-width, relative, of a forecast made before the run starts:
+        each error measured by the family is taken at a Student-t quantile for the few
+        errors it rests on."""
         x = np.log(self.params)
         dist = 0.0 if x.min() <= math.log(params) <= x.max() else _efolds(params, x)
         if len(self.sizes) == 1 and abs(math.log(params) - x[0]) > SAME_SIZE:
             dist = max(dist, abs(math.log(params) - x[0]))
-        rel = math.hypot(self.transfer_rel, self.size_rel_per_efold * dist)
-        return Z90 * rel
+        transfer = _t90(self.measured.get("transfer", 0) + PRIOR_WEIGHT) * self.transfer_rel
+        size = _t90(self.measured.get("size", 0) + PRIOR_WEIGHT) * self.size_rel_per_efold * dist
+        return math.hypot(transfer, size)
+
+
+T90 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812)
+"""Student-t 95% quantiles for 1..10 degrees of freedom (a two-sided 90% band)."""
+
+
+def _t90(n: int) -> float:
+    """The band's multiplier for an RMS error that rests on ``n`` errors."""
+    if n <= 0:
+        return Z90
+    return T90[n - 1] if n <= len(T90) else Z90 + 1.6 / n
 
 
 def _efolds(params: float, x: np.ndarray) -> float:
     """E-folds of size from the family's range to ``params`` (0 inside it)."""
     lp = math.log(params)
     return float(max(lp - x.max(), x.min() - lp, 0.0))
-
-
-def _line(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Least-squares slope and intercept of ``y`` (sizes x steps) over ``x`` (sizes)."""
-    xm = x.mean()
-    dx = x - xm
-    slope = (dx[:, None] * (y - y.mean(axis=0))).sum(axis=0) / float((dx * dx).sum())
-    return slope, y.mean(axis=0) - slope * xm
 
 
 def areas_at(
@@ -147,7 +218,12 @@ def _size_law(members: list[Member]) -> SizeLaw:
         raise TooLittleData(int(y.size), MIN_POINTS, f"binned points in family run(s) {names}")
     law = fit_area_law(np.concatenate(a1), np.concatenate(a2), y)
     params = float(np.median([m.params for m in members]))
-    return SizeLaw(params, law, tuple(m.name for m in members))
+    residuals = tuple(
+        (np.log(x1), yv - law.predict_areas(x1, x2))
+        for x1, x2, yv in zip(a1, a2, ys, strict=True)
+        if yv.size
+    )
+    return SizeLaw(params, law, tuple(members), residuals)
 
 
 def _by_size(members: list[Member]) -> list[list[Member]]:
@@ -168,27 +244,36 @@ def final_value(m: Member) -> float:
 
 
 def _predict_final(fit: FamilyFit, m: Member) -> float:
-    s1, s2 = areas_at(m.lr_steps, m.lr_share, m.last_step)
-    idx = np.array([m.last_step])
-    return float(fit.expected(m.params, s1[idx], s2[idx])[0])
+    return float(fit.expected(m.params, m.lr_steps, m.lr_share, m.last_step)[-1])
 
 
 def fit_family(members: list[Member]) -> FamilyFit:
-    """Fit the family's laws and measure its own errors by leaving runs out."""
+    """Fit the family's laws, choose how its loss scales over size, and measure its own
+    errors by leaving runs out."""
     if not members:
         raise ValueError("a family needs at least one run")
     groups = _by_size(members)
     sizes = tuple(_size_law(g) for g in groups)
     transfer = _transfer_errors(groups)
-    size_errs = _size_errors(groups, sizes)
-    measured = {"transfer": bool(transfer), "size": bool(size_errs)}
-    transfer_rel = _rms(transfer) if transfer else TRANSFER_REL
-    size_rel = _rms(size_errs) if size_errs else SIZE_REL_PER_EFOLD
-    return FamilyFit(sizes, transfer_rel, size_rel, measured)
+    size_law, size_errs = _choose_size_law(groups, sizes)
+    drift = _drift_errors(groups, sizes, size_law)
+    measured = {"transfer": len(transfer), "size": len(size_errs), "drift": len(drift)}
+    transfer_rel = _pooled(transfer, TRANSFER_REL)
+    size_rel = _pooled(size_errs, SIZE_REL_PER_EFOLD)
+    drift_rel = _pooled(drift, DRIFT_REL)
+    return FamilyFit(sizes, transfer_rel, size_rel, size_law, drift_rel, measured)
 
 
 def _rms(errors: list[float]) -> float:
     return float(math.sqrt(np.mean(np.square(errors))))
+
+
+def _pooled(errors: list[float], prior: float) -> float:
+    """The RMS of the family's leave-one-out errors, pooled with the assumed error as
+    ``PRIOR_WEIGHT`` errors more: a few lucky leave-one-outs do not make a narrow band."""
+    n = len(errors)
+    total = float(np.sum(np.square(errors))) + PRIOR_WEIGHT * prior**2
+    return math.sqrt(total / (n + PRIOR_WEIGHT))
 
 
 def _transfer_errors(groups: list[list[Member]]) -> list[float]:
@@ -207,14 +292,75 @@ def _transfer_errors(groups: list[list[Member]]) -> list[float]:
     return errors
 
 
-def _size_errors(groups: list[list[Member]], sizes: tuple[SizeLaw, ...]) -> list[float]:
-    """Each size from the third on, predicted from the smaller sizes: relative error per
-    e-fold of extrapolation, for every run of that size."""
+def _drift_errors(
+    groups: list[list[Member]], sizes: tuple[SizeLaw, ...], size_law: str
+) -> list[float]:
+    """How far a run ends from the family's curve once its level at ``DRIFT_AT`` of its
+    steps is measured, per e-fold of steps: each size from the second on, from the smaller
+    sizes; each run of a size with several, from the others of its size."""
+    cases: list[tuple[FamilyFit, Member]] = []
+    for k in range(1, len(groups)):
+        cases += [(FamilyFit(sizes[:k], 0.0, 0.0, size_law), m) for m in groups[k]]
+    for group in groups:
+        for i, held in enumerate(group if len(group) > 1 else []):
+            try:
+                cases.append((FamilyFit((_size_law(group[:i] + group[i + 1 :]),), 0, 0), held))
+            except ValueError:
+                continue
     errors = []
-    for k in range(2, len(groups)):
-        smaller = FamilyFit(sizes[:k], 0.0, 0.0)
+    for fit, m in cases:
+        prior = fit.expected(m.params, m.lr_steps, m.lr_share, m.last_step)
+        offset, _ = level_offset(prior, m.steps, m.values, int(DRIFT_AT * m.last_step), 0.0)
+        errors.append((prior[-1] * math.exp(offset) / final_value(m) - 1.0) / -math.log(DRIFT_AT))
+    return errors
+
+
+def _choose_size_law(
+    groups: list[list[Member]], sizes: tuple[SizeLaw, ...]
+) -> tuple[str, list[float]]:
+    """The size law whose leave-the-larger-out errors are smaller, and its errors per
+    e-fold: the line with fewer than four sizes (the floor law's first test needs three
+    smaller ones)."""
+    line = _size_errors(groups, sizes, "loglog", first=2)
+    if len(groups) < 4:
+        return "loglog", line
+    floor = _size_errors(groups, sizes, "floor", first=3)
+    common = line[-len(floor) :]
+    if _rms(floor) < _rms(common):
+        return "floor", floor
+    return "loglog", line
+
+
+def _size_errors(
+    groups: list[list[Member]], sizes: tuple[SizeLaw, ...], law: str, first: int
+) -> list[float]:
+    """Each size from ``first`` on, predicted by ``law`` from the smaller sizes: relative
+    error per e-fold of extrapolation (at least half an e-fold), for every run of it."""
+    errors = []
+    for k in range(first, len(groups)):
+        smaller = FamilyFit(sizes[:k], 0.0, 0.0, law)
         dist = _efolds(sizes[k].params, np.log(smaller.params))
         for m in groups[k]:
             err = _predict_final(smaller, m) / final_value(m) - 1.0
             errors.append(err / max(dist, 0.5))
     return errors
+
+
+def level_offset(
+    prior: np.ndarray, steps: np.ndarray, values: np.ndarray, seen: int, prior_sd: float
+) -> tuple[float, float]:
+    """The run's log offset from the prior curve, and its sd, from its points up to
+    ``seen``, combined with the prior (offset 0, sd ``prior_sd``) by precision."""
+    ok = np.isfinite(steps) & np.isfinite(values) & (values > 0)
+    ok &= (steps <= seen) & (steps >= UPDATE_FROM * seen)
+    if ok.sum() < 3:
+        return 0.0, prior_sd
+    bs, bv, _ = bin_arrays(steps[ok], values[ok])
+    idx = np.clip(bs.round().astype(int), 0, prior.size - 1)
+    logs = np.log(bv) - np.log(np.maximum(prior[idx], 1e-12))
+    offset = float(np.median(logs))
+    spread = float(1.4826 * np.median(np.abs(logs - offset))) if logs.size > 2 else prior_sd
+    obs_sd = max(spread / math.sqrt(logs.size), 1e-4)
+    w_obs, w_prior = obs_sd**-2, prior_sd**-2 if prior_sd > 0 else 0.0
+    combined = offset * w_obs / (w_obs + w_prior)
+    return combined, (w_obs + w_prior) ** -0.5

@@ -15,17 +15,8 @@ import math
 
 import numpy as np
 
-from runwatch.expect.binning import bin_arrays
-from runwatch.expect.family import Z90, FamilyFit, areas_at
+from runwatch.expect.family import Z90, FamilyFit, level_offset
 from runwatch.expect.forecast import Forecast
-
-UPDATE_FROM = 0.5
-"""The run's level is measured on its points after this share of the steps seen so far."""
-
-DRIFT_REL = 0.01
-"""Relative drift per e-fold of steps (final step / steps seen) of a run's level against
-its family's curve: what the level seen so far cannot tell about the rest
-(``bench/README-forecast-family.md``)."""
 
 
 def family_forecast(
@@ -45,8 +36,7 @@ def family_forecast(
     step <= ``upto``) when given. ``lr_share``: its LR as a share of the peak, to
     ``final_step`` (logged, then planned)."""
     final = int(final_step)
-    s1, s2 = areas_at(lr_steps, lr_share, final)
-    prior = fit.expected(params, s1, s2)
+    prior = fit.expected(params, lr_steps, lr_share, final)
     prior_sd = fit.half_width(params) / Z90
     seen = 0
     shift, level_sd = 0.0, prior_sd
@@ -54,15 +44,16 @@ def family_forecast(
         st = np.asarray(steps, dtype=float)
         va = np.asarray(values, dtype=float)
         seen = int(np.nanmax(st) if upto is None else upto)
-        shift, level_sd = _level(prior, st, va, seen, prior_sd)
-    drift = DRIFT_REL if seen else 0.0
+        shift, level_sd = level_offset(prior, st, va, seen, prior_sd)
+    # What the level seen so far cannot tell about the rest: the family's own drift.
+    drift = fit.drift_half() if seen else 0.0
     start = max(seen, 1)
 
     def curve(at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         idx = np.clip(np.asarray(at, dtype=float).round().astype(int), 0, final)
         mean = prior[idx] * math.exp(shift)
         extrap = np.log(np.maximum(idx, start) / start)
-        half = Z90 * np.sqrt(level_sd**2 + (drift * extrap) ** 2)
+        half = np.sqrt((Z90 * level_sd) ** 2 + (drift * extrap) ** 2)
         return mean, mean * np.exp(-half), mean * np.exp(half)
 
     m, lo, hi = (float(a[0]) for a in curve(np.array([final])))
@@ -71,23 +62,3 @@ def family_forecast(
         below = np.flatnonzero(prior * math.exp(shift) <= target)
         target_step = int(below[below >= seen][0]) if (below >= seen).any() else None
     return Forecast(m, lo, hi, "family", eta_seconds, target_step, seen, final, curve)
-
-
-def _level(
-    prior: np.ndarray, steps: np.ndarray, values: np.ndarray, seen: int, prior_sd: float
-) -> tuple[float, float]:
-    """The run's log offset from the prior curve, and its sd, from its points up to
-    ``seen``, combined with the prior (offset 0, sd ``prior_sd``) by precision."""
-    ok = np.isfinite(steps) & np.isfinite(values) & (values > 0)
-    ok &= (steps <= seen) & (steps >= UPDATE_FROM * seen)
-    if ok.sum() < 3:
-        return 0.0, prior_sd
-    bs, bv, _ = bin_arrays(steps[ok], values[ok])
-    idx = np.clip(bs.round().astype(int), 0, prior.size - 1)
-    logs = np.log(bv) - np.log(np.maximum(prior[idx], 1e-12))
-    offset = float(np.median(logs))
-    spread = float(1.4826 * np.median(np.abs(logs - offset))) if logs.size > 2 else prior_sd
-    obs_sd = max(spread / math.sqrt(logs.size), 1e-4)
-    w_obs, w_prior = obs_sd**-2, prior_sd**-2 if prior_sd > 0 else 0.0
-    combined = offset * w_obs / (w_obs + w_prior)
-    return combined, (w_obs + w_prior) ** -0.5

@@ -18,7 +18,6 @@ from runwatch.expect.family import (
     FIT_FROM,
     FamilyFit,
     Member,
-    areas_at,
     final_value,
     fit_family,
 )
@@ -328,12 +327,10 @@ def scaling_view(
     lo = min(min(m.params for m in members), params) / 1.5
     hi = max(max(m.params for m in members), params) * 1.5
     grid = np.geomspace(lo, hi, points)
-    s1, s2 = areas_at(lr_steps, share, fin)
     law = []
-    for p in grid:
-        mean = float(fit.expected(p, s1[-1:], s2[-1:])[0])
+    for p, mean in zip(grid, fit.final_by_size(grid, lr_steps, share, fin), strict=True):
         half = fit.half_width(p)
-        law.append((float(p), mean, mean * math.exp(-half), mean * math.exp(half)))
+        law.append((float(p), float(mean), mean * math.exp(-half), mean * math.exp(half)))
     fc = forecast_family(store, run, metric, family, final_step=fin)
     return {
         "runs": [(m.name, m.params, final_value(m)) for m in members],

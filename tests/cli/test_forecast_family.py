@@ -37,7 +37,7 @@ def db(tmp_path):
         src = _run_csv(tmp_path / f"{name}.csv", name, params, 2000)
         config = {"params": params, "total_steps": 2000, "schedule": COSINE}
         assert main(["import", str(src), "--db", str(db), "--config", json.dumps(config)]) == 0
-    src = _run_csv(tmp_path / "xl.csv", "xl", 3e6, 2000, worse=1.05)
+    src = _run_csv(tmp_path / "xl.csv", "xl", 3e6, 2000, worse=1.15)
     config = {"params": 3e6, "total_steps": 2000, "schedule": COSINE}
     assert main(["import", str(src), "--db", str(db), "--config", json.dumps(config)]) == 0
     return db
@@ -59,8 +59,8 @@ def test_forecast_before_the_run_starts_and_updated_by_its_points(db, capsys):
     after = _json(capsys, [*base, "--upto", "500", "--format", "json"])
     with open_store(str(db)) as store:
         final = float(store.read_series("xl", "loss")["value"].iloc[-5:].median())
-    # The run is 5% worse than its size predicts: the family alone says so, its points fix it.
-    assert before["predicted"] < final * 0.98
+    # The run is 15% worse than its size predicts: the family alone says so, its points fix it.
+    assert before["predicted"] < final * 0.9
     assert abs(after["predicted"] / final - 1) < 0.01
     assert after["lower"] <= final <= after["upper"]
 

@@ -44,7 +44,7 @@ def _import(db: Path, src: Path, config: dict) -> None:
 
 @pytest.fixture(scope="module")
 def family_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """s, m, l finished on the law; xl (3e6 params, 5% worse than its size predicts) at
+    """s, m, l finished on the law; xl (3e6 params, 15% worse than its size predicts) at
     step 796 of 2000, its config naming its family and its family curve stored; "lone"
     (params, no family) and "noparams" (no params at all)."""
     tmp = tmp_path_factory.mktemp("family")
@@ -59,7 +59,7 @@ def family_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
         {"params": 2e6, "total_steps": TOTAL, "schedule": COSINE, "family": ["s", "noparams"]},
     )
     config = {"params": 3e6, "total_steps": TOTAL, "schedule": COSINE, "family": ["s", "m", "l"]}
-    _import(db, run_csv(tmp / "xl.csv", "xl", 3e6, worse=1.05, upto=800), config)
+    _import(db, run_csv(tmp / "xl.csv", "xl", 3e6, worse=1.15, upto=800), config)
     argv = ["forecast", "--db", str(db), "--run", "xl", "--family", "s", "m", "l"]
     assert main([*argv, "--format", "json"]) == 0
     return db
@@ -141,11 +141,11 @@ def test_compare_places_the_run_against_its_family_line(family_db, monkeypatch) 
     point = by_name["xl forecast"]
     assert _arr(point["x"]).astype(float).tolist() == [3e6]
     assert point["error_y"]["array"][0] > 0 and point["error_y"]["arrayminus"][0] > 0
-    # xl was made 5% worse than the law at its size: above the line, by about that much.
+    # xl was made 15% worse than the law at its size: above the line, by about that much.
     assert any("above the line" in m.value for m in at.markdown)
     card = next(m for m in at.metric if m.label == "xl: forecast final loss")
     off = float(card.delta.split("%")[0]) / 100
-    assert 0.03 < off < 0.07
+    assert 0.12 < off < 0.18
 
 
 def test_compare_says_why_a_family_cannot_be_fitted(family_db, monkeypatch) -> None:

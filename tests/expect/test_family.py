@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runwatch.expect.family import Member, fit_family
+from runwatch.expect.family import FamilyFit, Member, fit_family
 from runwatch.expect.family_forecast import family_forecast
 from runwatch.expect.lrlaw import lr_areas
 from runwatch.expect.planned import planned_lr
@@ -90,3 +90,34 @@ def test_one_size_cannot_say_how_loss_scales_so_another_size_gets_a_wide_band():
 def test_an_empty_family_is_refused():
     with pytest.raises(ValueError, match="at least one run"):
         fit_family([])
+
+
+def test_a_loss_nearing_its_floor_over_size_is_scaled_by_the_floor_law():
+    # Final losses E + A·N^-a with a floor E = 1.5: a log-log line through the smaller
+    # sizes is optimistic for a larger one; with five sizes the family's own
+    # leave-one-out errors choose the floor law, which is not.
+    def floored(name, params, seed):
+        steps, loss, share = law_curve(1e6, COSINE, 2000, seed)
+        size_term = 1.5 + 2.0 * (params / 1e5) ** -0.5
+        return Member(name, params, steps[1:], (loss * size_term / 2.0)[1:], steps, share)
+
+    sizes = (1e5, 2e5, 4e5, 8e5, 1.6e6)
+    fit = fit_family([floored(f"n{i}", p, i) for i, p in enumerate(sizes)])
+    assert fit.size_law == "floor"
+    steps, share = planned_lr(COSINE, 2000)
+    f = family_forecast(fit, 6.4e6, steps, share, 2000)
+    want = float(np.median(floored("t", 6.4e6, 99).values[-5:]))
+    line = FamilyFit(fit.sizes, 0.0, 0.0, "loglog").expected(6.4e6, steps, share, 2000)[-1]
+    assert abs(f.predicted / want - 1) < abs(line / want - 1)
+    assert f.lower <= want <= f.upper
+
+
+def test_the_band_rests_on_the_familys_own_errors_pooled_with_the_assumed_ones():
+    one = fit_family([member("c", 1e6, COSINE, 2000)])
+    assert one.measured == {"transfer": 0, "size": 0, "drift": 0}
+    many = fit_family(
+        [member(f"n{p:g}", p, COSINE, 2000, i) for i, p in enumerate((1e5, 3e5, 1e6))]
+    )
+    assert many.measured["size"] == 1 and many.measured["drift"] == 2
+    # A law-following family's near-zero errors narrow the size band, but not to nothing.
+    assert 0 < many.size_rel_per_efold < one.size_rel_per_efold

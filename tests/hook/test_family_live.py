@@ -43,7 +43,7 @@ def family_db(db_path):
 
 def test_a_run_above_its_scaling_line_is_flagged_live_and_one_on_it_is_not(family_db):
     log_run("on", 3e6, seed=7, store=family_db, family=["s", "m", "l"])
-    log_run("above", 3e6, worse=1.08, seed=8, store=family_db, family=["s", "m", "l"])
+    log_run("above", 3e6, worse=1.15, seed=8, store=family_db, family=["s", "m", "l"])
     assert (deviations(family_db, "on")["severity"] != "warning").all()
     found = deviations(family_db, "above")
     assert (found["severity"] == "warning").any()

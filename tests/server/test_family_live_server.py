@@ -20,7 +20,7 @@ def test_family_mode_through_a_detecting_server(db_path, token_file, monkeypatch
     server.start()
     try:
         log_run(
-            "above", 3e6, worse=1.08, seed=8, url=server.url, token=TOKEN, family=["s", "m", "l"]
+            "above", 3e6, worse=1.15, seed=8, url=server.url, token=TOKEN, family=["s", "m", "l"]
         )
         with pytest.raises(ValueError, match="family"):
             runwatch.init(name="lost", url=server.url, token=TOKEN, family=["nope"])

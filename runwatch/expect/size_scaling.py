@@ -1,0 +1,88 @@
+"""Scaling a loss curve over model size, step by step: what a run of another size is
+expected to reach, from the curves of the sizes a family has.
+
+Two laws per step, in the parameter count N:
+
+- ``"loglog"``: log L a straight line in log N (Kaplan's form, L ∝ N^-a), least squares
+  over every size. Two sizes are enough; it cannot bend, so far beyond the family it is
+  optimistic where the loss nears its floor.
+- ``"floor"``: L = E + A·N^-a (Chinchilla's form), with the floor E between 0 and the
+  lowest loss, fitted by least squares at each step (a grid over a; E and A are linear).
+  It needs three sizes, and four to be told apart from the line by the family's own
+  leave-one-out errors (``runwatch.expect.family`` chooses).
+
+Both are evaluated on at most ``GRID_POINTS`` log-spaced steps and carried to every step as
+a ratio to the largest size's curve, which keeps the cost flat in the run's length.
+
+>>> import numpy as np
+>>> n = np.array([1e6, 4e6, 16e6])
+>>> curves = np.array([[4.0, 3.0], [3.6, 2.7], [3.24, 2.43]])  # 0.9x per 4x at each step
+>>> np.round(scale_to(curves, n, 64e6, "loglog"), 3).tolist()
+[2.916, 2.187]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+LAWS = ("loglog", "floor")
+GRID_POINTS = 512
+EXPONENTS = np.geomspace(0.02, 2.0, 48)
+"""The exponents a the floor law's grid tries."""
+
+
+def scale_to(curves: np.ndarray, params: np.ndarray, target: float, law: str) -> np.ndarray:
+    """``curves`` (sizes x steps, the sizes' expected losses at the target's steps) carried
+    to ``target`` params by ``law``; one size is returned as it is."""
+    if curves.shape[0] == 1:
+        return curves[0]
+    if law not in LAWS:
+        raise ValueError(f"unknown size law {law!r}; valid: {', '.join(LAWS)}")
+    if law == "floor" and curves.shape[0] < 3:
+        law = "loglog"
+    n_steps = curves.shape[1]
+    grid = _grid(n_steps)
+    sub = np.maximum(curves[:, grid], 1e-12)
+    out = _loglog(sub, params, target) if law == "loglog" else _floor(sub, params, target)
+    # Carried to every step as a ratio to the largest size's curve (smooth in the step).
+    ratio = np.log(np.maximum(out, 1e-12)) - np.log(sub[-1])
+    full = np.interp(np.arange(n_steps), grid, ratio)
+    return curves[-1] * np.exp(full)
+
+
+def _grid(n_steps: int) -> np.ndarray:
+    if n_steps <= GRID_POINTS:
+        return np.arange(n_steps)
+    inner = np.geomspace(1, n_steps - 1, GRID_POINTS - 1).round().astype(int)
+    return np.unique(np.r_[0, inner])
+
+
+def _loglog(y: np.ndarray, params: np.ndarray, target: float) -> np.ndarray:
+    x = np.log(params)
+    dx = x - x.mean()
+    ly = np.log(y)
+    slope = (dx[:, None] * (ly - ly.mean(axis=0))).sum(axis=0) / float((dx * dx).sum())
+    return np.exp(ly.mean(axis=0) + slope * (np.log(target) - x.mean()))
+
+
+def _floor(y: np.ndarray, params: np.ndarray, target: float) -> np.ndarray:
+    """E + A·N^-a at each step (columns of ``y``), best over the exponent grid."""
+    scale = params.min()
+    z = np.power((params / scale)[None, :], -EXPONENTS[:, None])  # grid x sizes
+    zt = np.power(target / scale, -EXPONENTS)  # grid
+    zm = z.mean(axis=1, keepdims=True)
+    dz = z - zm
+    ym = y.mean(axis=0)  # steps
+    dy = y - ym  # sizes x steps
+    a = (dz @ dy) / (dz * dz).sum(axis=1, keepdims=True)  # grid x steps
+    a = np.maximum(a, 0.0)
+    e = ym[None, :] - a * zm
+    e = np.clip(e, 0.0, 0.999 * y.min(axis=0)[None, :])
+    # With E clipped, A again by least squares through the clipped floor.
+    a = np.maximum(((y[None, :, :] - e[:, None, :]) * z[:, :, None]).sum(axis=1), 0.0)
+    a /= (z * z).sum(axis=1)[:, None]
+    fit = e[:, None, :] + a[:, None, :] * z[:, :, None]  # grid x sizes x steps
+    sse = ((fit - y[None, :, :]) ** 2).sum(axis=1)
+    best = np.argmin(sse, axis=0)
+    cols = np.arange(y.shape[1])
+    return e[best, cols] + a[best, cols] * zt[best]
