@@ -70,6 +70,7 @@ def measure(root: Path) -> list[dict]:
             rows.append(
                 {
                     "run": run,
+                    "set": "cpu" if run.startswith("cpu_") else "real",
                     "frac": frac,
                     "model": f.model,
                     "err": (f.predicted - final) / final * 100,
@@ -82,13 +83,15 @@ def measure(root: Path) -> list[dict]:
 
 def table(rows: list[dict], label: str) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
+    frame = pd.concat([frame, frame.assign(set="all")])
     out = []
-    for frac, g in frame.groupby("frac"):
+    for (which, frac), g in frame.groupby(["set", "frac"]):
         out.append(
             {
                 "code": label,
+                "runs of": which,
                 "at": f"{frac:.0%}",
-                "runs": len(g),
+                "forecasts": len(g),
                 "median |err| %": round(float(g["err"].abs().median()), 2),
                 "coverage": f"{int(g['covered'].sum())}/{len(g)} ({g['covered'].mean():.0%})",
                 "median band ±%": round(float(g["half"].median()), 2),

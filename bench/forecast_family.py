@@ -225,21 +225,24 @@ def cpu_families(bench: Bench) -> list[dict]:
     meta = json.loads((CPU / "runs.json").read_text())
     for name, config in meta.items():
         bench.add(next(CPU.glob(f"{name}.csv*")), name, config)
-    widths = sorted(
-        (c["params"], n) for n, c in meta.items() if n.endswith("cosine_2000") and c["seed"] == 0
+    width_runs = {n: c for n, c in meta.items() if "_cosine_2000" in n}
+    largest = max(c["params"] for c in width_runs.values())
+    family = sorted(
+        (n for n, c in width_runs.items() if c["params"] < largest),
+        key=lambda n: (width_runs[n]["params"], n),
     )
-    names = [n for _, n in widths]
-    run, family = names[-1], names[:-1]
+    seed0 = [n for n in family if width_runs[n]["seed"] == 0]  # the naive fits: one per size
     rows = []
-    for frac in (0.0, 0.25):
-        anchors = dict(bench.size_fits(run, "val_loss", family)) if frac == 0 else {}
-        if frac:
-            anchors |= {
-                "ratio": bench.ratio(run, "val_loss", family[-1]),
-                "reference": bench.reference(run, "val_loss", family[-1]),
-                "alone": bench.alone(run, "val_loss"),
-            }
-        rows.append(bench.case("cpu size", run, "val_loss", family, frac, anchors))
+    for run in sorted(n for n, c in width_runs.items() if c["params"] == largest):
+        for frac in (0.0, 0.25):
+            anchors = dict(bench.size_fits(run, "val_loss", seed0)) if frac == 0 else {}
+            if frac:
+                anchors |= {
+                    "ratio": bench.ratio(run, "val_loss", seed0[-1]),
+                    "reference": bench.reference(run, "val_loss", seed0[-1]),
+                    "alone": bench.alone(run, "val_loss"),
+                }
+            rows.append(bench.case("cpu size", run, "val_loss", family, frac, anchors))
     constant = [n for n in meta if n.endswith("constant_4000")]
     if not constant:
         return rows

@@ -104,8 +104,23 @@ class SizeLaw:
         base = self.law.predict_areas(s1, s2)
         if not self.residuals:
             return base
-        x = np.log(np.maximum(s1, 1e-9))
-        return base + np.mean([np.interp(x, rx, r) for rx, r in self.residuals], axis=0)
+        return base + self._missed(np.log(np.maximum(s1, 1e-9)))
+
+    def _missed(self, x: np.ndarray) -> np.ndarray:
+        """The runs' mean residual at log S1 ``x``, over the runs that reached it; beyond
+        every run's reach, held at the residual of the run that reached furthest."""
+        inside = np.array(
+            [np.interp(x, rx, r, left=np.nan, right=np.nan) for rx, r in self.residuals]
+        )
+        covered = np.isfinite(inside).any(axis=0)
+        with np.errstate(invalid="ignore"):
+            mean = np.where(covered, np.nanmean(np.where(covered, inside, 0.0), axis=0), 0.0)
+        if covered.all():
+            return mean
+        far = max(self.residuals, key=lambda res: res[0][-1])
+        near = min(self.residuals, key=lambda res: res[0][0])
+        edge = np.where(x > far[0][-1], far[1][-1], near[1][0])
+        return np.where(covered, mean, edge)
 
 
 def _same_schedule(
