@@ -9,7 +9,6 @@ expected curve it fitted, sampled for drawing.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from runwatch.expect.eta import FailureAwareEta
 from runwatch.expect.forecast import Forecast, eta_seconds, forecast
 from runwatch.expect.reference import ReferenceCurve
 from runwatch.model import LR_METRICS, Anomaly
-from runwatch.pipeline.family import family_curves, forecast_family
+from runwatch.pipeline.family import family_curves, forecast_family, total_steps_of
 from runwatch.pipeline.fleet import run_fleet_anomalies
 from runwatch.pipeline.incidents import refresh_incidents
 from runwatch.pipeline.runconfig import aligned_sample, run_config, tokens_per_step
@@ -35,9 +34,6 @@ log = logging.getLogger("runwatch.pipeline.analysis")
 
 CURVE_SAMPLES = 400
 """Points of a stored expected curve: enough to draw it smoothly on a log or linear axis."""
-
-_TOTAL_STEP_KEYS = ("total_steps", "max_steps", "train_steps", "num_steps", "steps", "train_iters")
-
 
 @dataclass
 class Analysis:
@@ -134,14 +130,7 @@ def planned_final_step(store: Store, run: str) -> int | None:
     """The run's planned last step, read from its config (total_steps, max_steps, ...)."""
     runs = store.runs()
     row = runs[runs["name"] == run]
-    if row.empty:
-        return None
-    config = json.loads(row.iloc[0]["config"] or "{}")
-    for key in _TOTAL_STEP_KEYS:
-        value = config.get(key)
-        if isinstance(value, (int, float)) and value > 0:
-            return int(value)
-    return None
+    return None if row.empty else total_steps_of(run_config(row.iloc[0]["config"]))
 
 
 def forecast_run(
