@@ -13,7 +13,6 @@ schedule predicted from the others of its size, each size from the smaller ones.
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field
 
@@ -23,8 +22,6 @@ from runwatch.expect.binning import bin_arrays
 from runwatch.expect.lrlaw import AreaLaw, fit_area_law, lr_areas
 from runwatch.expect.powerlaw import MIN_POINTS, TooLittleData
 from runwatch.expect.size_scaling import scale_to
-
-log = logging.getLogger("runwatch.expect.family")
 
 FIT_FROM = 0.1
 """A member's points before this share of its steps are left out of its size's fit: the

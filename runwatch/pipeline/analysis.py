@@ -35,6 +35,7 @@ log = logging.getLogger("runwatch.pipeline.analysis")
 CURVE_SAMPLES = 400
 """Points of a stored expected curve: enough to draw it smoothly on a log or linear axis."""
 
+
 @dataclass
 class Analysis:
     """A replay's result: the anomaly episodes and the run-level health figures."""

@@ -16,7 +16,6 @@ import numpy as np
 from runwatch.detect.roles import role_of
 from runwatch.expect.family import (
     FIT_FROM,
-    FamilyFit,
     Member,
     final_value,
     fit_family,
@@ -270,11 +269,6 @@ def family_references(
     if not losses:
         raise ValueError(f"family run {names[0]!r} has no loss metric")
     return family_curves(store, names, run, losses, config=config)
-
-
-def family_fit(store: Store, family: Sequence[str], metric: str) -> FamilyFit:
-    """The family's fitted laws of ``metric`` (the Compare page's scaling view)."""
-    return fit_family(family_members(store, list(dict.fromkeys(family)), metric))
 
 
 def family_curves(
