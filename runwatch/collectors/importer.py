@@ -16,6 +16,11 @@ attempt, and ranks a step apart do not). Events and contexts belong to the attem
 rank is in at their place in the file. ``--append`` makes the
 file's first attempt a new attempt of the stored run.
 
+Times, when the file has them: an attempt starts at its earliest point, event or context row
+(the store's start, resume and restart events move with it), a new run at its first
+attempt's start, and the run ends at the file's latest time. Without times, the import's
+clock stands in, as before. Either way it is the import's one transaction.
+
 Step context rows merge into the context in force for their run and rank (a null value
 removes a key) and are stored when the merged context changes, as the hook does.
 
@@ -29,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -93,6 +99,22 @@ class _Run:
         self.ranked = False  # whether some series of the run has a rank
         self.context: dict[Any, dict[str, Any]] = {}  # rank -> context in force
         self.kept: dict[Any, tuple[int, dict[str, Any]]] = {}  # rank -> last row stored
+        self.first: dict[int, float] = {}  # attempt index -> earliest time of its rows
+        self.latest: float | None = None  # latest time of any row of the run
+
+    def saw(self, attempt: int, earliest: float, latest: float) -> None:
+        """Rows of attempt index ``attempt`` timed from ``earliest`` to ``latest``."""
+        if earliest < self.first.get(attempt, math.inf):
+            self.first[attempt] = earliest
+        if self.latest is None or latest > self.latest:
+            self.latest = latest
+
+    def date(self, store: Store) -> None:
+        """Give the run's attempts (and so the run) the start times the file's rows tell,
+        and mark it finished at its latest time (the import's clock when untimed)."""
+        for index, start in sorted(self.first.items()):
+            store.set_attempt_start(self.run_id, self.attempts[index], start)
+        store.set_run_status(self.run_id, "finished", now=self.latest)
 
     def reached(self, rank: Any, attempt: int, step: int) -> None:
         """A point or context of ``rank`` at ``step`` in attempt index ``attempt``."""
@@ -259,6 +281,9 @@ class _Importer:
             run = state.run
             arrays = (steps[part], times[part], values[part])
             self.store.write(run.run_id, run.attempts[attempts[part[0]]], {state.sid: arrays})
+            timed = arrays[1][np.isfinite(arrays[1])]
+            if timed.size:
+                run.saw(int(attempts[part[0]]), float(timed.min()), float(timed.max()))
             self.summary.points[run.name] += len(part)
 
     # -- events and step context ------------------------------------------------------------
@@ -281,6 +306,8 @@ class _Importer:
                 record.attrs,
             )
             self.store.add_events(run.run_id, run.attempts[attempt], [event])
+            if record.time is not None:
+                run.saw(attempt, record.time, record.time)
             self.summary.events[run.name] = self.summary.events.get(run.name, 0) + 1
             return
         self._context(run, record)
@@ -307,6 +334,8 @@ class _Importer:
         else:
             attempt = high[0]
         run.reached(row.rank, attempt, row.step)
+        if row.time is not None:
+            run.saw(attempt, row.time, row.time)
         context = run.context.setdefault(row.rank, {})
         for key, value in row.context.items():
             if value is None:
@@ -382,5 +411,5 @@ def import_long_format(
             if progress is not None:
                 progress(reader.bytes_read, reader.total_bytes)
         for run in importer.runs.values():
-            store.set_run_status(run.run_id, "finished")
+            run.date(store)
     return summary

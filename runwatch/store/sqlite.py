@@ -256,6 +256,36 @@ class Store(
             self._insert_event(conn, run_id, attempt, Event("restart", start_step, now, message))
             return attempt
 
+    def set_attempt_start(self, run_id: int, attempt: int, start_time: float) -> None:
+        """Move an attempt's start to ``start_time``, with the start, resume or restart event
+        that opened it, and the run's start when it is the run's first attempt.
+
+        For ``runwatch import``: it creates an attempt when the file's steps go back, and
+        learns when that attempt began (its earliest row) only afterwards.
+        """
+        with self.transaction() as conn:
+            row = conn.execute(
+                "SELECT start_time FROM attempts WHERE run_id = ? AND attempt = ?",
+                (run_id, attempt),
+            ).fetchone()
+            if row is None:
+                raise StoreError(f"{self.path}: run id {run_id} has no attempt {attempt}")
+            # The opening event was stored with the attempt's start time, exactly.
+            conn.execute(
+                "UPDATE events SET time = ? WHERE run_id = ? AND attempt = ? AND time = ? "
+                "AND kind IN ('start', 'resume', 'restart')",
+                (start_time, run_id, attempt, row[0]),
+            )
+            conn.execute(
+                "UPDATE attempts SET start_time = ? WHERE run_id = ? AND attempt = ?",
+                (start_time, run_id, attempt),
+            )
+            conn.execute(
+                "UPDATE runs SET start_time = ? WHERE id = ? AND ? = "
+                "(SELECT MIN(attempt) FROM attempts WHERE run_id = ?)",
+                (start_time, run_id, attempt, run_id),
+            )
+
     @staticmethod
     def _insert_attempt(
         conn: sqlite3.Connection, run_id: int, start_step: int | None, now: float, reason: str
