@@ -158,8 +158,8 @@ def checkpoint_interval(events: pd.DataFrame, restart_steps: np.ndarray) -> floa
 
 
 def _start_time(store: Store, run: str, first_point: float) -> float:
-    """The run's first attempt's start when it is before its first point (an imported
-    run's attempts carry the import's time: then the first point)."""
+    """The run's first attempt's start when it is before its first point, else the first
+    point (a store imported before 653964c dated its attempts at the import)."""
     attempts = store.attempts(run)
     if len(attempts) and pd.notna(attempts["start_time"].iloc[0]):
         start = float(attempts["start_time"].iloc[0])
