@@ -243,6 +243,7 @@ _COMMAND_MODULES = (
     "runwatch.dashboard.cli",
     "runwatch.server.cli",
     "runwatch.alerting.cli",
+    "runwatch.cli_watch",
 )
 
 
