@@ -1,0 +1,168 @@
+"""``runwatch watch`` as a subprocess on a logdir a real SummaryWriter is writing."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch_tb = pytest.importorskip("torch.utils.tensorboard")
+
+from runwatch.cli_watch import state_path  # noqa: E402
+from runwatch.store import Store  # noqa: E402
+
+WAIT_S = 30.0  # a bound for a stuck watcher on a loaded machine, not a latency assert
+
+
+def wait_for(what: str, check: Callable[[], Any]) -> Any:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            found = check()
+        except Exception:  # the store or the run not made yet
+            found = None
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"the watcher did not get {what} in {WAIT_S:.0f} s")
+
+
+def start_watcher(root: Path, db: Path, *more: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "runwatch.cli",
+            "watch",
+            str(root),
+            "--db",
+            str(db),
+            "--poll",
+            "0.1",
+            *more,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def live_steps(db: Path, run: str, metric: str = "loss") -> list[int]:
+    with Store(db) as store:
+        points = store.read_points(run, [metric])
+    return points["step"].tolist()
+
+
+def stored_rows(db: Path, run: str) -> int:
+    with Store(db) as store:
+        return len(store.read_points(run, all_attempts=True))
+
+
+def write(writer: Any, steps: range, nan_at: int | None = None) -> None:
+    for step in steps:
+        writer.add_scalar("loss", math.nan if step == nan_at else 3.0 / (step + 1), step)
+    writer.flush()
+
+
+def test_watch_follows_runs_flags_a_nan_and_survives_kill_9(tmp_path: Path) -> None:
+    root, db = tmp_path / "logs", tmp_path / "watch.db"
+    writer = torch_tb.SummaryWriter(str(root / "a"), flush_secs=3600)
+    watcher = start_watcher(root, db)
+    try:
+        write(writer, range(30))
+        wait_for("run a's 30 steps", lambda: live_steps(db, "a") == list(range(30)))
+
+        other = torch_tb.SummaryWriter(str(root / "new" / "b"))  # a run dir made mid-watch
+        write(other, range(5))
+        other.close()
+        wait_for("the new run", lambda: live_steps(db, "new/b") == list(range(5)))
+
+        write(writer, range(30, 31), nan_at=30)
+
+        def nonfinite() -> bool:
+            with Store(db) as store:
+                found = store.anomalies("a")
+            return bool(
+                (found["detector"].str.contains("nonfinite") & (found["start_step"] == 30)).any()
+            )
+
+        wait_for("a nonfinite anomaly at step 30", nonfinite)
+        wait_for("the saved position", lambda: state_path(str(db), str(root)).exists())
+
+        watcher.kill()  # SIGKILL: no finish, no last save
+        watcher.wait()
+        write(writer, range(31, 41))
+        watcher = start_watcher(root, db)
+        wait_for("steps 31..40 after the restart", lambda: live_steps(db, "a") == list(range(41)))
+        watcher.send_signal(signal.SIGTERM)
+        assert watcher.wait(timeout=WAIT_S) == 0, watcher.stderr.read() if watcher.stderr else ""
+    finally:
+        writer.close()
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+    assert stored_rows(db, "a") == 41  # every step once: nothing lost, nothing doubled
+    assert stored_rows(db, "new/b") == 5
+    with Store(db) as store:
+        runs = store.runs().set_index("name")
+        attempts = store.attempts("a")
+    assert runs.loc["a", "status"] == "finished"
+    # The restart resumed the run as runwatch.init does: an attempt that supersedes nothing.
+    assert attempts["reason"].tolist() == ["start", "resume"]
+    saved = json.loads(state_path(str(db), str(root)).read_text())
+    assert any(key.startswith("a/") for key in saved["source"]["files"])
+
+
+def test_watch_of_a_missing_logdir_exits_2(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runwatch.cli",
+            "watch",
+            str(tmp_path / "nope"),
+            "--db",
+            str(tmp_path / "x.db"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2
+    assert "nope: no such directory" in out.stderr
+
+
+def test_watch_log_says_when_the_log_reader_is_missing(tmp_path: Path) -> None:
+    try:
+        import runwatch.collectors.joblog  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("the job log reader exists: --log is available")
+    log = tmp_path / "train.log"
+    log.write_text("step 1 loss 2.0\n")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runwatch.cli",
+            "watch",
+            "--log",
+            str(log),
+            "--preset",
+            "nanogpt",
+            "--db",
+            str(tmp_path / "x.db"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2
+    assert "--log is not available" in out.stderr
