@@ -1,0 +1,215 @@
+"""Hugging Face Transformers: a ``TrainerCallback`` that feeds a runwatch run.
+
+Two lines of user code::
+
+    from runwatch.integrations.hf import RunwatchCallback
+    trainer = Trainer(..., callbacks=[RunwatchCallback(store="runs.db")])
+
+The run starts in ``on_train_begin``, when the Trainer knows the model and the number of
+optimizer steps, so the config holds ``params``, ``total_steps`` and the planned LR
+``schedule`` from the start (the store takes a run's config when the run begins). Metrics
+keep HF's names except ``learning_rate`` -> ``lr``; ``step_time_s`` and ``tokens_per_s``
+are measured here. A crash leaving ``train()`` is never seen by a callback: the run stays
+open and runwatch's exit hook records the uncaught exception as a crash (bench/README-
+integrations-hf.md has the reasoning).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+from collections.abc import Mapping
+from functools import partial
+from time import perf_counter
+from typing import Any
+
+from transformers import TrainerCallback
+
+from runwatch.hook.ranks import keeps_metric
+from runwatch.hook.run import Run, init
+
+log = logging.getLogger("runwatch.integrations.hf")
+
+_RENAME = {"learning_rate": "lr"}
+"""HF log keys whose runwatch name differs; every other numeric key is kept as HF names it
+(``loss``, ``grad_norm``, ``epoch``, ``eval_loss``, ``train_runtime``, ...)."""
+
+_NUMBER = (int, float)
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-safe copy: dicts and lists kept, numbers and strings as they are, the rest as
+    ``str`` (enums, dtypes, paths), so the stored config reads the same everywhere."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, _NUMBER):
+        return value if not isinstance(value, float) or math.isfinite(value) else str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_plain(v) for v in value]
+    return str(getattr(value, "value", value))
+
+
+def hf_schedule(args: Any, total_steps: int) -> dict[str, Any] | None:
+    """runwatch's planned ``schedule`` (runwatch.expect.planned) for the Trainer's LR
+    scheduler, or None for schedulers runwatch cannot plan (restarts, polynomial, plateau)."""
+    kind = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
+    kwargs = args.lr_scheduler_kwargs if isinstance(args.lr_scheduler_kwargs, Mapping) else {}
+    warmup = int(args.get_warmup_steps(total_steps))
+    peak = float(args.learning_rate)
+    out: dict[str, Any] = {"warmup": warmup, "peak_lr": peak}
+    if kind in ("constant", "constant_with_warmup"):
+        return {"name": "constant", **out, "warmup": warmup if kind.endswith("warmup") else 0}
+    if kind in ("linear", "cosine"):
+        return {"name": kind, **out}
+    if kind in ("cosine_with_min_lr", "cosine_warmup_with_min_lr"):
+        rate = kwargs.get("min_lr_rate")
+        if rate is None and kwargs.get("min_lr") is not None and peak > 0:
+            rate = float(kwargs["min_lr"]) / peak
+        return {"name": "cosine", **out, "final_lr_fraction": float(rate or 0.0)}
+    if kind == "warmup_stable_decay" and "num_decay_steps" in kwargs:
+        shape = kwargs.get("decay_type", "cosine")
+        if shape not in ("cosine", "linear"):
+            return None
+        stable = kwargs.get("num_stable_steps")
+        start = (
+            warmup + int(stable) if stable is not None else total_steps - kwargs["num_decay_steps"]
+        )
+        return {
+            "name": "wsd",
+            **out,
+            "decay_start": int(start),
+            "decay_shape": shape,
+            "final_lr_fraction": float(kwargs.get("min_lr_ratio", 0.0)),
+        }
+    return None
+
+
+class RunwatchCallback(TrainerCallback):
+    """Log a ``transformers.Trainer`` run to runwatch (live detection and alerts included).
+
+    ``name`` (default ``$RUNWATCH_RUN``, else ``args.run_name``, else the output directory's
+    name) and every keyword (``store``, ``project``, ``config``, ``url``, ``webhook``,
+    ``family``, ``monitor``, ...) go to :func:`runwatch.init`. ``seq_len`` declares the
+    tokens per sample, giving ``tokens_per_step`` (the Trainer's global batch x seq_len) and
+    ``tokens_per_s`` when the Trainer does not count tokens itself
+    (``include_num_input_tokens_seen``). ``run`` is the runwatch Run while training.
+    """
+
+    def __init__(self, name: str | None = None, *, seq_len: int | None = None, **options: Any):
+        self._name = name
+        self._seq_len = seq_len
+        self._config: dict[str, Any] = dict(options.pop("config", None) or {})
+        self._options = options
+        self.run: Run | None = None
+        self._reset_timing()
+
+    def _reset_timing(self) -> None:
+        self._mark: float | None = None  # start of the timed stretch of the current window
+        self._last_end = 0.0  # when the last optimizer step ended
+        self._spent = 0.0  # time of the window's earlier stretches (cut by eval/save)
+        self._steps = 0  # optimizer steps in the window
+        self._tokens_mark = 0
+        self._tokens_per_step: float | None = None
+
+    # -- start -----------------------------------------------------------------------------
+    def _run_name(self, args: Any) -> str:
+        if self._name:
+            return self._name
+        if os.environ.get("RUNWATCH_RUN"):
+            return os.environ["RUNWATCH_RUN"]
+        if args.run_name:
+            return str(args.run_name)
+        return os.path.basename(os.path.normpath(args.output_dir or "")) or "hf-trainer"
+
+    def _run_config(self, args: Any, state: Any, model: Any) -> dict[str, Any]:
+        total = int(state.max_steps)
+        config: dict[str, Any] = {"total_steps": total, "trainer": _plain(args.to_dict())}
+        if model is not None:
+            config["params"] = sum(p.numel() for p in model.parameters())
+            model_config = getattr(model, "config", None)
+            if hasattr(model_config, "to_dict"):
+                config["model"] = _plain(model_config.to_dict())
+        schedule = hf_schedule(args, total) if total > 0 else None
+        if schedule is not None:
+            config["schedule"] = schedule
+        if self._seq_len:
+            batch = args.per_device_train_batch_size * args.gradient_accumulation_steps
+            config["tokens_per_step"] = int(batch * args.world_size * self._seq_len)
+        config.update(self._config)  # what the user gave wins
+        return config
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self.run is not None:
+            # train() ran before without reaching on_train_end: it raised and was caught.
+            self.run.event("crash", message="train() ended without on_train_end")
+            self.run.finish(status="crashed")
+        options = dict(self._options)
+        # Ranks come from the Trainer, which knows them even when the launcher's variables
+        # are not the ones runwatch reads (accelerate, deepspeed): rank 0 logs everything,
+        # other ranks their own timing (runwatch.hook.ranks).
+        if args.world_size > 1:
+            options.setdefault("labels", {"rank": args.process_index, "host": socket.gethostname()})
+            if not options.get("all_ranks") and args.process_index != 0:
+                options.setdefault("keep_metric", partial(keeps_metric, rank=args.process_index))
+        config = self._run_config(args, state, model)
+        self.run = init(self._run_name(args), config=config, **options)
+        self._reset_timing()
+        self._tokens_mark = int(state.num_input_tokens_seen or 0)
+        self._tokens_per_step = config.get("tokens_per_step")
+        log.debug("runwatch: run %r started from the HF Trainer", self.run.name)
+
+    # -- timing: the hot path, two perf_counter reads per optimizer step ------------------
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self._mark is None:
+            self._mark = perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._last_end = perf_counter()
+        self._steps += 1
+
+    def _pause(self, *args: Any, **kwargs: Any) -> None:
+        # Evaluation and checkpoints are not training steps: the window's clock stops here
+        # and restarts at the next step's begin, so an eval does not read as a slow step.
+        if self._mark is not None:
+            self._spent += self._last_end - self._mark
+            self._mark = None
+
+    on_evaluate = on_save = on_predict = _pause
+
+    # -- metrics -----------------------------------------------------------------------------
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        run = self.run
+        if run is None or not logs:
+            return
+        out: dict[str, Any] = {}
+        for key, value in logs.items():
+            if type(value) in _NUMBER or hasattr(value, "item"):
+                out[_RENAME.get(key, key)] = value
+        steps = self._steps
+        if steps and "loss" in logs:
+            spent = self._spent
+            if self._mark is not None:
+                spent += self._last_end - self._mark
+                self._mark = self._last_end
+            self._spent = 0.0
+            self._steps = 0
+            if spent > 0:
+                out["step_time_s"] = spent / steps
+                seen = state.num_input_tokens_seen
+                if seen:
+                    out["tokens_per_s"] = (seen - self._tokens_mark) / spent
+                    self._tokens_mark = seen
+                elif self._tokens_per_step:
+                    out["tokens_per_s"] = self._tokens_per_step * steps / spent
+        if out:
+            run.log(out, step=state.global_step)
+
+    # -- end ---------------------------------------------------------------------------------
+    def on_train_end(self, args, state, control, **kwargs):
+        run, self.run = self.run, None
+        if run is not None:
+            run.finish()

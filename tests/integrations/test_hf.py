@@ -1,0 +1,228 @@
+"""RunwatchCallback with a real ``transformers.Trainer`` on the CPU: a one-layer GPT-2 built
+from a config (no downloads) on token sequences made here."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import runwatch  # noqa: E402
+from runwatch.integrations.hf import RunwatchCallback, hf_schedule  # noqa: E402
+
+SEQ = 16
+BATCH = 4
+STEPS = 24
+
+
+def _model(nan_at: int | None = None) -> transformers.GPT2LMHeadModel:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=32)
+    if nan_at is None:
+        return transformers.GPT2LMHeadModel(config)
+
+    class NanAt(transformers.GPT2LMHeadModel):
+        """Returns a NaN loss on its ``nan_at``-th training forward (counting from 1)."""
+
+        calls = 0
+
+        def forward(self, input_ids=None, labels=None, **kwargs):
+            out = super().forward(input_ids=input_ids, labels=labels, **kwargs)
+            if self.training:
+                NanAt.calls += 1
+                if NanAt.calls == nan_at:
+                    out.loss = out.loss * float("nan")
+            return out
+
+    return NanAt(config)
+
+
+def _data(n: int = BATCH * STEPS) -> list[dict]:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 64, (n, SEQ), generator=g)
+    return [{"input_ids": row, "labels": row} for row in ids]
+
+
+def _trainer(
+    tmp_path: Path, callback: RunwatchCallback, model=None, **args
+) -> transformers.Trainer:
+    options = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=BATCH,
+        max_steps=STEPS,
+        logging_steps=1,
+        learning_rate=1e-3,
+        warmup_steps=4,
+        lr_scheduler_type="cosine",
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    options.update(args)
+    return transformers.Trainer(
+        model=model if model is not None else _model(),
+        args=transformers.TrainingArguments(**options),
+        train_dataset=_data(),
+        eval_dataset=_data(8),
+        callbacks=[callback],
+    )
+
+
+def test_trainer_run_is_stored_with_config_and_mapped_metrics(tmp_path, db_path):
+    callback = RunwatchCallback(name="hf-tiny", store=str(db_path), seq_len=SEQ)
+    trainer = _trainer(tmp_path, callback, eval_strategy="steps", eval_steps=12)
+    trainer.train()
+    params = sum(p.numel() for p in trainer.model.parameters())
+
+    with runwatch.open_store(str(db_path)) as store:
+        runs = store.runs()
+        assert runs.iloc[0]["name"] == "hf-tiny" and runs.iloc[0]["status"] == "finished"
+        config = json.loads(store._conn.execute("SELECT config FROM runs").fetchone()[0])
+        assert config["params"] == params and config["total_steps"] == STEPS
+        assert config["tokens_per_step"] == BATCH * SEQ
+        assert config["model"]["n_embd"] == 32 and config["trainer"]["max_steps"] == STEPS
+        assert config["schedule"] == {"name": "cosine", "warmup": 4, "peak_lr": 1e-3}
+        metrics = set(store.series("hf-tiny")["metric"])
+        assert {"loss", "grad_norm", "lr", "epoch", "step_time_s", "tokens_per_s"} <= metrics
+        assert {"eval_loss", "train_runtime"} <= metrics
+        assert "learning_rate" not in metrics
+        loss = store.read_series("hf-tiny", "loss")
+        assert loss["step"].tolist() == list(range(1, STEPS + 1))
+        lr = store.read_series("hf-tiny", "lr")
+        # the LR each optimizer step used: a ramp from 0 (step 1) to the peak after the 4
+        # warmup steps, then a cosine decay
+        assert lr["value"].iloc[0] == 0.0 and lr.loc[lr["value"].idxmax(), "step"] == 5
+        assert lr["value"].iloc[-1] < 0.05 * 1e-3
+        assert store.read_series("hf-tiny", "eval_loss")["step"].tolist() == [12, 24]
+        step_time = store.read_series("hf-tiny", "step_time_s")["value"]
+        tokens = store.read_series("hf-tiny", "tokens_per_s")["value"]
+        assert len(step_time) == STEPS and (step_time > 0).all()
+        assert tokens.to_numpy() == pytest.approx(BATCH * SEQ / step_time.to_numpy())
+
+
+def test_counted_tokens_give_tokens_per_s(tmp_path, db_path):
+    callback = RunwatchCallback(name="tok", store=str(db_path))
+    _trainer(tmp_path, callback, max_steps=6, include_num_input_tokens_seen="all").train()
+    with runwatch.open_store(str(db_path)) as store:
+        tokens = store.read_series("tok", "tokens_per_s")["value"].to_numpy()
+        step_time = store.read_series("tok", "step_time_s")["value"].to_numpy()
+        seen = store.read_series("tok", "num_input_tokens_seen")["value"].tolist()
+    assert seen == [BATCH * SEQ * k for k in range(1, 7)]
+    assert tokens == pytest.approx(BATCH * SEQ / step_time)
+
+
+def test_nan_loss_is_stored_as_a_nonfinite_anomaly(tmp_path, db_path):
+    # HF's default logging_nan_inf_filter replaces a NaN loss by the window's mean before any
+    # callback sees it; the NaN grad norm of that step still gets through.
+    callback = RunwatchCallback(name="nan", store=str(db_path))
+    _trainer(tmp_path, callback, model=_model(nan_at=9), max_steps=14).train()
+    callback2 = RunwatchCallback(name="nan-unfiltered", store=str(db_path))
+    _trainer(
+        tmp_path, callback2, model=_model(nan_at=9), max_steps=14, logging_nan_inf_filter=False
+    ).train()
+
+    with runwatch.open_store(str(db_path)) as store:
+        grad = store.read_series("nan", "grad_norm")
+        assert math.isnan(grad.loc[grad["step"] == 9, "value"].iloc[0])
+        found = store.anomalies("nan")
+        hits = found[(found["detector"] == "nonfinite") & (found["metric"] == "grad_norm")]
+        assert hits["start_step"].min() == 9
+        found = store.anomalies("nan-unfiltered")
+        hits = found[(found["detector"] == "nonfinite") & (found["metric"] == "loss")]
+        assert hits["start_step"].min() == 9
+
+
+_CRASHING = """
+import sys
+sys.path.insert(0, sys.argv[2])
+import transformers
+from test_hf import _model, _data, _trainer
+from runwatch.integrations.hf import RunwatchCallback
+from pathlib import Path
+
+class Boom(transformers.TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 5:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+trainer = _trainer(Path(sys.argv[3]), RunwatchCallback(name="boom", store=sys.argv[1]))
+trainer.add_callback(Boom())
+trainer.train()
+"""
+
+
+def test_exception_leaving_train_marks_the_run_crashed(tmp_path, db_path):
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(_CRASHING),
+            str(db_path),
+            str(Path(__file__).parent),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == 1, child.stderr
+    assert "illegal memory access" in child.stderr
+    with runwatch.open_store(str(db_path)) as store:
+        assert store.runs().iloc[0]["status"] == "crashed"
+        crash = store.events("boom", kinds=["crash"]).iloc[0]
+        assert "illegal memory access" in crash["message"]
+        assert store.read_series("boom", "loss")["step"].max() == 4
+
+
+def test_a_caught_crash_is_closed_when_train_runs_again(tmp_path, db_path):
+    class Once(transformers.TrainerCallback):
+        fired = False
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 3 and not Once.fired:
+                Once.fired = True
+                raise RuntimeError("first attempt dies")
+
+    callback = RunwatchCallback(name="retry", store=str(db_path))
+    trainer = _trainer(tmp_path, callback, max_steps=6)
+    trainer.add_callback(Once())
+    with pytest.raises(RuntimeError):
+        trainer.train()
+    trainer.train()
+    with runwatch.open_store(str(db_path)) as store:
+        assert store.runs().iloc[0]["status"] == "finished"
+        assert len(store.attempts("retry")) == 2
+        assert len(store.events("retry", kinds=["crash"])) == 1
+
+
+def test_schedules_runwatch_cannot_plan_are_left_out():
+    args = transformers.TrainingArguments(
+        output_dir="unused", lr_scheduler_type="polynomial", report_to=[], use_cpu=True
+    )
+    assert hf_schedule(args, 100) is None
+    wsd = transformers.TrainingArguments(
+        output_dir="unused",
+        lr_scheduler_type="warmup_stable_decay",
+        lr_scheduler_kwargs={"num_decay_steps": 20, "decay_type": "linear", "min_lr_ratio": 0.1},
+        warmup_steps=10,
+        report_to=[],
+        use_cpu=True,
+    )
+    assert hf_schedule(wsd, 100) == {
+        "name": "wsd",
+        "warmup": 10,
+        "peak_lr": 5e-5,
+        "decay_start": 80,
+        "decay_shape": "linear",
+        "final_lr_fraction": 0.1,
+    }
