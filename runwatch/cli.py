@@ -78,19 +78,51 @@ def build_parser() -> argparse.ArgumentParser:
 
     imp = sub.add_parser(
         "import",
-        help="load a CSV/JSONL long-format file into a store",
+        help="load a long-format, wide CSV, job log or TensorBoard logdir into a store",
         description="Load a long-format file (columns run,step,metric,value "
         "and optionally time,rank,host,gpu; CSV with a header, or JSONL; "
         ".gz accepted). JSONL lines may also be events "
         '({"run","step","event","message","time","rank","host"}) or step context '
         '({"run","step","context":{...}}, held until it changes); a step that goes back '
-        "starts a new attempt. The whole file is one transaction: a malformed line "
-        "is reported with its line number and nothing is written.",
+        "starts a new attempt. A wide CSV (a step column: step, _step, global_step or "
+        "iteration, and one column per metric, blank = not logged; W&B, MLflow, Aim and "
+        "pandas exports) is recognised from its header, or forced with --format wide. "
+        "--preset reads SRC as a training job's log (stdout) in that tool's format, and "
+        "turns NCCL timeouts, XIDs, OOMs, CUDA errors and tracebacks into events. A "
+        "directory is read as a TensorBoard logdir. The whole input is one transaction: "
+        "a malformed line is reported with its line number and nothing is written.",
     )
-    imp.add_argument("src", metavar="SRC", help="the .csv, .jsonl or .ndjson file (.gz too)")
+    imp.add_argument(
+        "src",
+        metavar="SRC",
+        nargs="?",
+        help="the .csv, .jsonl or .ndjson file (.gz too), a job log with --preset, or a "
+        "TensorBoard logdir",
+    )
     _db_arg(imp)
     imp.add_argument("--run", metavar="NAME", help="put every row into this run")
-    imp.add_argument("--format", choices=("csv", "jsonl"), help="override the file extension")
+    imp.add_argument(
+        "--format",
+        choices=("csv", "jsonl", "wide"),
+        help="override the file extension (csv: long format); wide: a wide CSV",
+    )
+    imp.add_argument(
+        "--preset",
+        choices=("megatron", "nanogpt", "llmc", "torchtitan", "hf", "regex"),
+        help="SRC is a job log in this tool's format (the run is --run, else the file's "
+        "name); a line the preset matches halfway is an error with its line number",
+    )
+    imp.add_argument(
+        "--log",
+        metavar="FILE",
+        help="the job log to read, instead of SRC (as in `runwatch watch --log`); needs --preset",
+    )
+    imp.add_argument(
+        "--pattern",
+        metavar="REGEX",
+        help="with --preset regex: a Python regex with named groups step and loss (and "
+        r"any other metric), e.g. 'it (?P<step>\d+) loss (?P<loss>\S+)'",
+    )
     imp.add_argument(
         "--append", action="store_true", help="add to a run that exists, as a new attempt"
     )
@@ -281,19 +313,19 @@ def _open(path: str, *, must_exist: bool = True, write: bool = False) -> Any:
 def _cmd_import(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from runwatch.collectors.importer import import_long_format
-    from runwatch.collectors.longformat import total_bytes
     from runwatch.pipeline.runconfig import merge_run_config
 
+    src = _import_source(args)
     config = _import_config(args)  # checked before the store is even opened
     store = _open(args.db, must_exist=False)
+    total = _tree_bytes(src)
     with (
         store,
         tqdm(
-            total=total_bytes(args.src),
+            total=total,
             unit="B",
             unit_scale=True,
-            desc=f"import {args.src}",
+            desc=f"import {src}",
             disable=None,
             file=sys.stderr,
         ) as bar,
@@ -302,22 +334,89 @@ def _cmd_import(args: argparse.Namespace) -> int:
         def progress(done: int, _total: int) -> None:
             bar.update(done - bar.n)
 
-        summary = import_long_format(
-            store,
-            args.src,
-            fmt=args.format,
-            run_name=args.run,
-            append=args.append,
-            progress=progress,
-            config=config,
-            merge_config=merge_run_config,
-        )
+        common: dict[str, Any] = {"config": config, "merge_config": merge_run_config}
+        if Path(src).is_dir():
+            from runwatch.collectors.tensorboard import import_logdir
+
+            summary: Any = import_logdir(
+                store, src, run_name=args.run, progress=progress, append=args.append, **common
+            )
+        elif args.preset is not None:
+            from runwatch.collectors.joblog import import_log
+
+            summary = import_log(
+                store,
+                src,
+                preset=args.preset,
+                pattern=args.pattern,
+                run_name=args.run or Path(src).stem,
+                append=args.append,
+                **common,
+            )
+        elif args.format == "wide" or (args.format is None and _is_wide(src)):
+            from runwatch.collectors.wide import import_wide
+
+            summary = import_wide(
+                store,
+                src,
+                run_name=args.run or Path(src).stem,
+                append=args.append,
+                progress=progress,
+                **common,
+            )
+        else:
+            from runwatch.collectors.importer import import_long_format
+
+            summary = import_long_format(
+                store,
+                src,
+                fmt=args.format,
+                run_name=args.run,
+                append=args.append,
+                progress=progress,
+                **common,
+            )
+        bar.update(total - bar.n)
     for name, n in summary.points.items():
+        events = summary.events.get(name, 0)
+        more = f" and {events} events" if events else ""
         print(
-            f"imported {n:,} points in {len(summary.series[name])} series into run "
+            f"imported {n:,} points in {len(summary.series[name])} series{more} into run "
             f"{name!r} ({args.db})"
         )
     return EXIT_OK
+
+
+def _import_source(args: argparse.Namespace) -> str:
+    """SRC or --log, checked against --preset/--pattern/--format (a CommandError if not)."""
+    if args.log is not None and args.src is not None:
+        raise CommandError("give the job log as SRC or as --log FILE, not both")
+    src = args.log if args.log is not None else args.src
+    if src is None:
+        raise CommandError("nothing to import: give SRC (a file or a logdir) or --log FILE")
+    if args.log is not None and args.preset is None:
+        raise CommandError("--log needs --preset (megatron, nanogpt, llmc, torchtitan, hf, regex)")
+    if args.pattern is not None and args.preset != "regex":
+        raise CommandError("--pattern goes with --preset regex")
+    if args.preset is not None and args.format is not None:
+        raise CommandError("--preset reads a job log; --format is for CSV/JSONL files")
+    if not Path(src).exists():
+        raise CommandError(f"{src}: no such file or directory")
+    return src
+
+
+def _is_wide(src: str) -> bool:
+    from runwatch.collectors.wide import is_wide
+
+    return is_wide(src)
+
+
+def _tree_bytes(src: str) -> int:
+    """Bytes to read: the file's size, or the sum over a directory's files."""
+    path = Path(src)
+    if not path.is_dir():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def _import_config(args: argparse.Namespace) -> dict[str, Any] | None:
