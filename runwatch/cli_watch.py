@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -114,8 +115,14 @@ class Watcher:
         self.options = init_options
         self.runs: dict[str, Any] = {}
         if state_file.exists():
-            saved = json.loads(state_file.read_text(encoding="utf-8"))
-            source.restore(saved.get("source", {}))
+            try:
+                saved = json.loads(state_file.read_text(encoding="utf-8"))
+                source.restore(saved["source"])
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise ValueError(
+                    f"{state_file}: the watcher's saved position cannot be read ({exc!r}); "
+                    "delete it to read the source again from the start"
+                ) from None
             log.info("resuming from %s", state_file)
 
     def run(self, name: str) -> Any:
@@ -206,7 +213,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     # read and not yet logged, and the saved position past them.
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in _STOP_SIGNALS}
-    log.info("watching %s into %s (Ctrl-C to stop)", followed, args.db)
+    print(f"runwatch watch: following {followed} into {args.db} (Ctrl-C to stop)", file=sys.stderr)
     try:
         while not stop.is_set():
             watcher.poll()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
@@ -112,7 +112,6 @@ class EventFile:
 
     def __init__(self, path: Path, offset: int = 0, records: int = 0) -> None:
         self.path = path
-        self.offset = offset
         self.records = records
         self.partial = False  # the file ends inside a record (for now)
         self._fh: BinaryIO = open(path, "rb")  # noqa: SIM115 - closed by close()
@@ -120,6 +119,12 @@ class EventFile:
         self._reader = pywrap_tensorflow.PyRecordReader_New(os.fsencode(path), 0, b"", None)
         self._reader.file_handle = self._fh
         self._plugins: dict[str, str] = {}  # tag -> plugin, from the first metadata seen
+
+    @property
+    def offset(self) -> int:
+        """The end of the last complete record: the reader keeps the bytes of a record it
+        could not finish in its buffer, and drops them once the record is whole."""
+        return self._fh.tell() - len(self._reader._buffer)
 
     def close(self) -> None:
         self._fh.close()
@@ -149,13 +154,15 @@ class EventFile:
                     self.path, self.records + 1, f"corrupt record (not an Event: {exc})"
                 ) from None
             self.records += 1
-            self.offset = self._fh.tell()
             yield event
 
     def scalars(self, event: event_pb2.Event) -> Iterator[tuple[str, float]]:
         """The (tag, value) scalars of ``event``: ``simple_value``s, and one-element
         tensors of tags whose plugin is ``scalars`` (TF2 writes the plugin once)."""
-        for value in event.summary.value:
+        return self.scalars_of(event.summary.value)
+
+    def scalars_of(self, summary_values: Iterable[Any]) -> Iterator[tuple[str, float]]:
+        for value in summary_values:
             if value.HasField("metadata") and value.metadata.plugin_data.plugin_name:
                 self._plugins[value.tag] = value.metadata.plugin_data.plugin_name
             kind = value.WhichOneof("value")
@@ -186,21 +193,32 @@ def _frame(run: str, steps: list[int], tags: list[str], values: list[float], tim
 
 
 def _file_chunks(run: str, file: EventFile) -> Iterator[pd.DataFrame]:
+    """The file's scalars in chunks; the loop is the import's hot path (one pass per
+    record, the common ``simple_value`` first), so it does not go through ``scalars``."""
     steps: list[int] = []
     tags: list[str] = []
     values: list[float] = []
     times: list[float] = []
     skipped = 0
     for event in file.events():
-        if not event.HasField("summary"):
+        summary_values = event.summary.value
+        if not summary_values:
             continue
-        for tag, value in file.scalars(event):
-            if event.step < 0:
-                skipped += 1
-                continue
-            steps.append(event.step)
+        step = event.step
+        if step < 0:
+            skipped += len(summary_values)
+            continue
+        for value in summary_values:
+            if value.WhichOneof("value") == "simple_value":
+                tag, number = value.tag, value.simple_value
+            else:
+                found = list(file.scalars_of([value]))
+                if not found:
+                    continue
+                ((tag, number),) = found
+            steps.append(step)
             tags.append(tag)
-            values.append(value)
+            values.append(number)
             times.append(event.wall_time)
         if len(steps) >= _CHUNK_RECORDS:
             yield _frame(run, steps, tags, values, times)
@@ -294,10 +312,13 @@ class TensorBoardSource:
 
     def restore(self, state: Mapping[str, Any]) -> None:
         self.close()
+        self._broken.clear()
         self._saved = {k: dict(v) for k, v in dict(state.get("files", {})).items()}
 
     def close(self) -> None:
-        for file in self._files.values():
+        """Close the files; their positions stay in :meth:`state`."""
+        for key, file in self._files.items():
+            self._saved[key] = {"offset": file.offset, "records": file.records}
             file.close()
         self._files.clear()
 

@@ -139,30 +139,55 @@ def test_watch_of_a_missing_logdir_exits_2(tmp_path: Path) -> None:
     assert "nope: no such directory" in out.stderr
 
 
-def test_watch_log_says_when_the_log_reader_is_missing(tmp_path: Path) -> None:
+def nanogpt_lines(steps: range, nan_at: int | None = None) -> str:
+    return "".join(
+        f"iter {i}: loss {'nan' if i == nan_at else f'{3.0 / (i + 1):.4f}'}, time 100.00ms, "
+        "mfu 10.00%\n"
+        for i in steps
+    )
+
+
+def test_watch_log_follows_a_job_log_and_resumes_after_kill_9(tmp_path: Path) -> None:
+    pytest.importorskip("runwatch.collectors.joblog")
+    log, db = tmp_path / "train.log", tmp_path / "watch.db"
+    log.write_text(nanogpt_lines(range(20)))
+    args = ["--log", str(log), "--preset", "nanogpt", "--db", str(db), "--poll", "0.1"]
+    cmd = [sys.executable, "-m", "runwatch.cli", "watch", *args]
+    watcher = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     try:
-        import runwatch.collectors.joblog  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("the job log reader exists: --log is available")
-    log = tmp_path / "train.log"
-    log.write_text("step 1 loss 2.0\n")
+        wait_for("the log's 20 steps", lambda: live_steps(db, "train") == list(range(20)))
+        with log.open("a") as fh:
+            fh.write(nanogpt_lines(range(20, 21), nan_at=20))
+
+        def nonfinite() -> bool:
+            with Store(db) as store:
+                found = store.anomalies("train")
+            hit = found["detector"].str.contains("nonfinite") & (found["start_step"] == 20)
+            return bool(hit.any())
+
+        wait_for("a nonfinite anomaly at step 20", nonfinite)
+        watcher.kill()
+        watcher.wait()
+        with log.open("a") as fh:
+            fh.write(nanogpt_lines(range(21, 30)))
+        watcher = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        wait_for("steps 21..29", lambda: live_steps(db, "train") == list(range(30)))
+        watcher.send_signal(signal.SIGTERM)
+        assert watcher.wait(timeout=WAIT_S) == 0
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+    with Store(db) as store:
+        rows = store.read_points("train", ["loss"], all_attempts=True)
+    assert rows["step"].tolist() == list(range(30))  # each line once across the kill
+
+
+def test_watch_needs_a_source(tmp_path: Path) -> None:
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "runwatch.cli",
-            "watch",
-            "--log",
-            str(log),
-            "--preset",
-            "nanogpt",
-            "--db",
-            str(tmp_path / "x.db"),
-        ],
+        [sys.executable, "-m", "runwatch.cli", "watch", "--db", str(tmp_path / "x.db")],
         capture_output=True,
         text=True,
     )
     assert out.returncode == 2
-    assert "--log is not available" in out.stderr
+    assert "give the TensorBoard LOGDIR" in out.stderr
