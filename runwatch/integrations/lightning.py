@@ -141,11 +141,16 @@ class RunwatchLogger(pl.loggers.Logger):
             self._config.setdefault(key, value)  # what the user gave wins
         self._start()
 
-    @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        """``run.log(metrics, step=step)``: queued for the writer thread, never blocks."""
+        """``run.log(metrics, step=step)``: queued for the writer thread, never blocks.
+
+        The rank is checked only while no run exists (ranks other than 0 never start one):
+        one Python call less per step, which after a training step's work runs with cold
+        caches at a few microseconds each (bench/results/integration_overhead_lightning.md)."""
         run = self._run
         if run is None:
+            if rank_zero_only.rank != 0:
+                return
             run = self._start()
         run.log(metrics, step=step)
 
@@ -155,9 +160,9 @@ class RunwatchLogger(pl.loggers.Logger):
 
     @rank_zero_only
     def finalize(self, status: str) -> None:
-        """Finish the run: "success" as finished, "failed" (an exception, an interrupt) as
-        crashed, with a crash event naming the exception. A later fit or test on this
-        logger resumes the run as a new attempt."""
+        """Finish the run: "success" as finished, "failed" (an exception) as crashed, with a
+        crash event naming the exception; Ctrl-C (also "failed" to Lightning) as finished.
+        A later fit or test on this logger resumes the run as a new attempt."""
         run, self._run = self._run, None
         if run is None:
             if status in _STATUS:
@@ -165,8 +170,10 @@ class RunwatchLogger(pl.loggers.Logger):
             run = self._start()
             self._run = None
         outcome = _STATUS.get(status, "crashed")
-        if outcome == "crashed":
-            exc = sys.exc_info()[1]  # Lightning calls this while handling the exception
+        exc = sys.exc_info()[1]  # Lightning calls this while handling the exception
+        if isinstance(exc, KeyboardInterrupt):
+            outcome = "finished"  # stopped by a person, as runwatch's own Run.__exit__ has it
+        elif outcome == "crashed":
             message = f"{type(exc).__name__}: {exc}" if exc is not None else f"Lightning {status}"
             run.event("crash", message=message)
         run.finish(status=outcome)
@@ -221,7 +228,10 @@ class GradNormCallback(pl.Callback):
     def _run(self, trainer: pl.Trainer) -> Run | None:
         if trainer.global_rank != 0:
             return None
-        run = self._logger.run if self._logger is not None else current_run()
+        logger = self._logger
+        # The logger's run starts at Lightning's log_graph; without hparams autologging it
+        # starts here, at the first batch.
+        run = (logger._run or logger._start()) if logger is not None else current_run()
         if run is None and not self._warned:
             self._warned = True
             log.warning(

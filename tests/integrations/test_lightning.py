@@ -181,3 +181,39 @@ def test_ranks_other_than_zero_start_no_run(tmp_path: Path, monkeypatch) -> None
     logger.finalize("success")
     assert logger.run is None
     assert not db.exists()
+
+
+def test_ctrl_c_finishes_the_run_without_a_crash(tmp_path: Path) -> None:
+    db = tmp_path / "rw.db"
+
+    class Interrupted(TinyRegressor):
+        def training_step(self, batch, batch_idx):
+            if self.global_step == 5:
+                raise KeyboardInterrupt
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(SystemExit):  # Lightning turns Ctrl-C into sys.exit(1)
+        _fit(db, Interrupted(), name="stopped")
+    store = runwatch.open_store(db)
+    assert store.runs()["status"].tolist() == ["finished"]
+    assert store.events("stopped", kinds=["crash"]).empty
+
+
+def test_without_hparams_autologging_the_run_starts_at_the_first_batch(tmp_path: Path) -> None:
+    db = tmp_path / "rw.db"
+    logger = RunwatchLogger(name="plain", store=str(db), config={"total_steps": 6})
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=6,
+        logger=logger,
+        callbacks=[GradNormCallback()],
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        log_every_n_steps=1,
+        enable_autolog_hparams=False,
+    )
+    trainer.fit(TinyRegressor(), _loader())
+    store = runwatch.open_store(db)
+    assert store.read_series("plain", "grad_norm")["step"].tolist() == list(range(6))
+    assert json.loads(store.runs()["config"][0]) == {"total_steps": 6}
