@@ -212,8 +212,10 @@ def _nanogpt(line: str, state: dict[str, Any]) -> Parsed | None:
                 metrics["loss"] = value
             elif key == "train_time":
                 metrics["train_time_ms"] = value
+                if "val_loss" in m.group(2):  # a validation line: the clock, not a step
+                    continue
                 last = state.get("train_time")
-                if last is not None and step > last[0] and "val_loss" not in m.group(2):
+                if last is not None and step > last[0]:
                     metrics["step_time_ms"] = (value - last[1]) / (step - last[0])
                 state["train_time"] = (step, value)
             else:
