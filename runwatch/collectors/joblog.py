@@ -634,6 +634,8 @@ class LogSource:
     def read_new(self) -> list[tuple[Any, ...]]:
         """Items of the complete lines added since the last call (see the class docstring)."""
         out: list[tuple[Any, ...]] = []
+        if self._fh is None and self._inode is not None:
+            out += self._finish_rotated()
         if self._fh is None and not self._open():
             return out
         try:
@@ -651,6 +653,31 @@ class LogSource:
             self._start_over("truncated")
         out += self._read(final=False)
         return out
+
+    def _finish_rotated(self) -> list[tuple[Any, ...]]:
+        """Restored while the saved file was rotated away: finish it where it now lives
+        (a sibling such as ``train.log.1`` with the saved inode), then the new file from 0."""
+        try:
+            if os.stat(self.path).st_ino == self._inode:
+                return []
+        except FileNotFoundError:
+            pass
+        for sibling in sorted(self.path.parent.glob(self.path.name + "*")):
+            try:
+                if sibling != self.path and os.stat(sibling).st_ino == self._inode:
+                    self._fh = open(sibling, "rb")  # noqa: SIM115 (closed just below)
+                    break
+            except OSError:
+                continue
+        else:
+            return []
+        log.info("%s: finishing %s, the file it was before rotation", self.path, sibling)
+        try:
+            return self._read(final=True)
+        finally:
+            self._close()
+            self._inode = None
+            self._start_over("rotated")
 
     def _read(self, final: bool) -> list[tuple[Any, ...]]:
         fh = self._fh

@@ -391,3 +391,19 @@ def test_watcher_reports_a_halfway_line_and_carries_on(tmp_path: Path) -> None:
     assert _steps(items) == [1, 3]
     (event,) = [i for i in items if i[0] == "event"]
     assert event[2] == "log" and "live.log:2" in event[3]
+
+
+def test_restart_after_a_rotation_finishes_the_rotated_file(tmp_path: Path) -> None:
+    path = tmp_path / "live.log"
+    _write(path, [_line(1), _line(2)])
+    first = LogSource(path, preset="megatron")
+    assert _steps(first.read_new()) == [1, 2]
+    saved = first.state()
+    _write(path, [_line(3)], mode="a")  # written while the watcher is down ...
+    os.rename(path, tmp_path / "live.log.1")  # ... then rotated
+    _write(path, [_line(4)])
+    second = LogSource(path, preset="megatron")
+    second.restore(saved)
+    assert _steps(second.read_new()) == [3, 4]
+    _write(path, [_line(5)], mode="a")
+    assert _steps(second.read_new()) == [5]
