@@ -7,8 +7,10 @@ import math
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +193,41 @@ def test_watch_needs_a_source(tmp_path: Path) -> None:
     )
     assert out.returncode == 2
     assert "give the TensorBoard LOGDIR" in out.stderr
+
+
+def test_watch_sends_the_nan_to_the_webhook(tmp_path: Path) -> None:
+    bodies: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    root, db = tmp_path / "logs", tmp_path / "watch.db"
+    writer = torch_tb.SummaryWriter(str(root / "a"), flush_secs=3600)
+    url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    watcher = start_watcher(root, db, "--webhook", url)
+    try:
+        write(writer, range(10))
+        write(writer, range(10, 11), nan_at=10)
+
+        def alerted() -> bool:
+            alerts = [a for body in bodies for a in body.get("alerts", [])]
+            return any(a.get("run") == "a" and a.get("metric") == "loss" for a in alerts)
+
+        wait_for("an alert on run a's NaN loss", alerted)
+        watcher.send_signal(signal.SIGTERM)
+        assert watcher.wait(timeout=WAIT_S) == 0
+    finally:
+        writer.close()
+        server.shutdown()
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+    assert "non-finite" in json.dumps(bodies)
