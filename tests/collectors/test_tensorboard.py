@@ -148,3 +148,22 @@ def test_source_reads_only_what_is_new_across_files_runs_and_restarts(tmp_path: 
     )
     assert source.read_new() == new  # the first source had not read them either
     writer.close()
+
+
+def test_source_waits_for_a_record_written_in_two_parts(logdir: Path, tmp_path: Path) -> None:
+    (_, path), *_ = event_files(logdir)
+    data = path.read_bytes()
+    growing = tmp_path / "live" / "run" / path.name
+    growing.parent.mkdir(parents=True)
+    growing.write_bytes(data[: len(data) // 2 + 3])  # ends inside a record
+    source = TensorBoardSource(tmp_path / "live")
+    first = source.read_new()
+    cut = source.state()["files"][f"run/{path.name}"]["offset"]
+    assert 0 < cut <= len(data) // 2 + 3
+    with growing.open("ab") as fh:
+        fh.write(data[len(data) // 2 + 3 :])
+    rest = source.read_new()
+    whole = TensorBoardSource(logdir).read_new()
+    expected = [(r.step, r.tag) for r in whole if r.run == "baseline"]
+    assert [(r.step, r.tag) for r in first + rest] == expected
+    assert source.state()["files"][f"run/{path.name}"]["offset"] == len(data)
