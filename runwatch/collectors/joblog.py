@@ -46,7 +46,7 @@ import pandas as pd
 
 from runwatch.collectors.importer import ConfigMerge, ImportSummary, _Importer, _merge
 from runwatch.collectors.longformat import EventRow, LongFormatError
-from runwatch.hook.log_patterns import classify_log_message
+from runwatch.log_patterns import classify_log_message
 from runwatch.store import Store
 
 log = logging.getLogger("runwatch.collectors.joblog")

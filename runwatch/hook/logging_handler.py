@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from runwatch.hook.log_patterns import classify_log_message
+from runwatch.log_patterns import classify_log_message
 
 __all__ = ["LoggingHandler"]
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from runwatch.hook import logging_handler
-from runwatch.hook.log_patterns import classify_log_message
+from runwatch.log_patterns import classify_log_message
 from runwatch.hook.logging_handler import LoggingHandler
 from runwatch.model import EVENT_KINDS
 
