@@ -217,3 +217,29 @@ def test_without_hparams_autologging_the_run_starts_at_the_first_batch(tmp_path:
     store = runwatch.open_store(db)
     assert store.read_series("plain", "grad_norm")["step"].tolist() == list(range(6))
     assert json.loads(store.runs()["config"][0]) == {"total_steps": 6}
+
+
+def test_under_ddp_only_rank_zero_logs(tmp_path: Path) -> None:
+    """Two CPU processes (gloo; forked, which starts in seconds where spawn re-imports
+    torch in each rank): one run, each step's loss stored once."""
+    db = tmp_path / "rw.db"
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_fork",
+        max_steps=6,
+        logger=RunwatchLogger(name="ddp", store=str(db)),
+        callbacks=[GradNormCallback()],
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        log_every_n_steps=1,
+    )
+    trainer.fit(TinyRegressor(), _loader())
+    assert trainer.world_size == 2
+    store = runwatch.open_store(db)
+    runs = store.runs()
+    assert runs["name"].tolist() == ["ddp"] and runs["status"].tolist() == ["finished"]
+    assert len(store.attempts("ddp")) == 1  # a second rank would have resumed it
+    assert store.read_series("ddp", "train_loss")["step"].tolist() == list(range(6))
+    assert store.read_series("ddp", "grad_norm")["step"].tolist() == list(range(6))
