@@ -91,10 +91,11 @@ class RunwatchLogger(pl.loggers.Logger):
         return self._name
 
     @property
-    def version(self) -> int | None:
-        """The runwatch attempt (1 for a new run; a resume or a later fit adds one)."""
-        run = self._run
-        return None if run is None else run.stats()["attempt"]
+    def version(self) -> str:
+        """Empty: a runwatch run has no versions (running the same name again is a new
+        attempt of the same run), so Lightning's checkpoints go to ``<root>/<name>/
+        checkpoints`` rather than ``<root>/<name>/version_None/checkpoints``."""
+        return ""
 
     @property
     @rank_zero_experiment

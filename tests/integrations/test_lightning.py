@@ -243,3 +243,17 @@ def test_under_ddp_only_rank_zero_logs(tmp_path: Path) -> None:
     assert len(store.attempts("ddp")) == 1  # a second rank would have resumed it
     assert store.read_series("ddp", "train_loss")["step"].tolist() == list(range(6))
     assert store.read_series("ddp", "grad_norm")["step"].tolist() == list(range(6))
+
+
+def test_checkpoints_go_under_the_run_name(tmp_path: Path) -> None:
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=2,
+        logger=RunwatchLogger(name="ck", store=str(tmp_path / "rw.db")),
+        default_root_dir=str(tmp_path),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(TinyRegressor(), _loader())
+    assert Path(trainer.checkpoint_callback.dirpath) == tmp_path / "ck" / "checkpoints"
+    assert list((tmp_path / "ck" / "checkpoints").glob("*.ckpt"))
