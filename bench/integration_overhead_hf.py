@@ -1,0 +1,230 @@
+"""Benchmark: what RunwatchCallback adds to each logged step of a Hugging Face Trainer.
+
+A real ``Trainer`` (a one-layer GPT-2 from a config, CPU) is driven at training cadence
+without training: each step does ~10 ms of other work (a busy loop, so the caches and the
+writer thread see what they would), then the timed part, the Trainer's own per-step
+callback events and its ``log()`` call as ``_maybe_log_save_evaluate`` makes it with
+``logging_steps=1``:
+
+    callback_handler.on_step_begin(...); callback_handler.on_step_end(...); trainer.log(logs)
+
+Setups, each a fresh Trainer, measured in turn (the order alternates between repeats):
+
+- ``hf alone``: the Trainer's default callbacks, ``report_to=[]`` (the baseline);
+- ``+ RunwatchCallback``: the same plus the callback with a real SQLite store and live
+  detection on, as a user gets it from two lines;
+- ``+ TensorBoardCallback`` (anchor): ``report_to=["tensorboard"]``, HF's own integration;
+- anchors without a Trainer: ``run.log`` of the same values at the same cadence and back to
+  back, and the callback's own three methods called directly, back to back (the part of
+  the cost that is the callback's code rather than the hook's writer thread).
+
+Printed: median and p99 of the timed part per setup and repeat, and each setup's median
+beyond the baseline. Goal: RunwatchCallback <= 5 us median beyond HF's own logging.
+
+    python bench/integration_overhead_hf.py [--steps 1500] [--repeats 3] [--work-ms 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+
+import runwatch
+from runwatch.integrations.hf import RunwatchCallback
+
+RESULTS = Path(__file__).parent / "results" / "integration_overhead_hf.md"
+SETUPS = ("hf alone", "+ RunwatchCallback", "+ TensorBoardCallback")
+RAW = (
+    "run.log alone, same cadence",
+    "run.log alone, back to back",
+    "RunwatchCallback's own calls, back to back",
+)
+
+
+def make_trainer(setup: str, tmp: Path, tag: str) -> tuple[transformers.Trainer, Any]:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=32)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp / f"out-{tag}"),
+        max_steps=10**6,
+        logging_steps=1,
+        report_to=["tensorboard"] if setup == "+ TensorBoardCallback" else [],
+        use_cpu=True,
+        save_strategy="no",
+    )
+    callbacks = []
+    if setup == "+ RunwatchCallback":
+        callbacks.append(RunwatchCallback(name=f"bench-{tag}", store=str(tmp / "bench.db")))
+    trainer = transformers.Trainer(
+        model=transformers.GPT2LMHeadModel(config), args=args, callbacks=callbacks
+    )
+    state, control = trainer.state, trainer.control
+    state.max_steps = args.max_steps
+    # What train() does before its first step: every callback sees on_train_begin.
+    trainer.control = trainer.callback_handler.on_train_begin(args, state, control)
+    return trainer, args
+
+
+def busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    x = 0
+    while time.perf_counter() < end:
+        x += sum(range(200))
+
+
+def measure(setup: str, steps: int, work: float, tmp: Path, tag: str) -> np.ndarray:
+    trainer, args = make_trainer(setup, tmp, tag)
+    handler, state = trainer.callback_handler, trainer.state
+    rng = np.random.default_rng(0)
+    loss = 4.0 + rng.normal(0, 0.05, steps)
+    grad = np.exp(rng.normal(0, 0.2, steps))
+    out = np.empty(steps)
+    clock = time.perf_counter_ns
+    with open(os.devnull, "w") as sink:  # HF prints each log (ProgressCallback): keep it
+        for i in range(steps):
+            busy(work)
+            logs = {"loss": float(loss[i]), "grad_norm": float(grad[i]), "learning_rate": 3e-4}
+            with contextlib.redirect_stdout(sink):
+                t0 = clock()
+                trainer.control = handler.on_step_begin(args, state, trainer.control)
+                state.global_step += 1
+                trainer.control = handler.on_step_end(args, state, trainer.control)
+                trainer.log(logs)
+                out[i] = clock() - t0
+    trainer.control = handler.on_train_end(args, state, trainer.control)
+    return out / 1000.0  # us
+
+
+def measure_raw(setup: str, steps: int, work: float, tmp: Path, tag: str) -> np.ndarray:
+    """The hook by itself: ``run.log`` of the same values, no Trainer (anchor)."""
+    run = runwatch.init(name=f"raw-{tag}", store=str(tmp / "bench.db"))
+    work = work if setup.endswith("same cadence") else 0.0
+    out = np.empty(steps)
+    clock = time.perf_counter_ns
+    for i in range(steps):
+        if work:
+            busy(work)
+        logs = {"loss": 4.0, "grad_norm": 1.0, "lr": 3e-4, "epoch": 0.5}
+        t0 = clock()
+        run.log(logs, step=i)
+        out[i] = clock() - t0
+    run.finish()
+    return out / 1000.0
+
+
+def measure_direct(setup: str, steps: int, work: float, tmp: Path, tag: str) -> np.ndarray:
+    """The callback's own work: its three methods called directly, back to back, with a
+    real run (no HF callbacks around it, the writer never idle)."""
+    trainer, args = make_trainer("+ RunwatchCallback", tmp, tag)
+    callback = next(
+        c for c in trainer.callback_handler.callbacks if isinstance(c, RunwatchCallback)
+    )
+    state, control = trainer.state, trainer.control
+    out = np.empty(steps * 10)
+    clock = time.perf_counter_ns
+    for i in range(len(out)):
+        logs = {"loss": 4.0, "grad_norm": 1.0, "learning_rate": 3e-4, "epoch": 0.5}
+        t0 = clock()
+        callback.on_step_begin(args, state, control)
+        state.global_step += 1
+        callback.on_step_end(args, state, control)
+        callback.on_log(args, state, control, logs=logs)
+        out[i] = clock() - t0
+    callback.on_train_end(args, state, control)
+    return out / 1000.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--work-ms", type=float, default=10.0)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    opts = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    transformers.logging.set_verbosity_error()
+
+    rows: dict[str, list[tuple[float, float]]] = {s: [] for s in SETUPS + RAW}
+    means: dict[str, list[float]] = {s: [] for s in SETUPS + RAW}
+    started = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(opts.repeats):
+            order = SETUPS if r % 2 == 0 else tuple(reversed(SETUPS))
+            for setup in order + RAW:
+                how = measure if setup in SETUPS else measure_raw
+                if setup == RAW[2]:
+                    how = measure_direct
+                us = how(
+                    setup, opts.steps, opts.work_ms / 1000, Path(tmp), f"{r}-{len(rows[setup])}"
+                )
+                rows[setup].append((float(np.median(us)), float(np.percentile(us, 99))))
+                means[setup].append(float(np.mean(us)))
+    elapsed = time.time() - started
+
+    base = [m for m, _ in rows["hf alone"]]
+    lines = [
+        "| setup | median us (per repeat) | p99 us (per repeat) | mean us (per repeat) "
+        "| median beyond hf alone, us |",
+        "|---|---|---|---|---|",
+    ]
+    for setup in SETUPS + RAW:
+        med = [m for m, _ in rows[setup]]
+        p99 = [p for _, p in rows[setup]]
+        beyond = [m - b for m, b in zip(med, base, strict=True)]
+        extra = (
+            f"{statistics.median(beyond):+.1f} ({' / '.join(f'{b:+.1f}' for b in beyond)})"
+            if setup in SETUPS
+            else "(no Trainer)"
+        )
+        lines.append(
+            f"| {setup} | {' / '.join(f'{m:.1f}' for m in med)} | "
+            f"{' / '.join(f'{p:.1f}' for p in p99)} | "
+            f"{' / '.join(f'{m:.1f}' for m in means[setup])} | {extra} |"
+        )
+    runwatch_beyond = statistics.median(
+        m - b for (m, _), b in zip(rows["+ RunwatchCallback"], base, strict=True)
+    )
+    verdict = "met" if runwatch_beyond <= 5.0 else "NOT met"
+    header = (
+        f"{opts.steps} logged steps x {opts.repeats} repeats per setup, {opts.work_ms:g} ms of "
+        f"other work between steps; timed: on_step_begin + on_step_end + Trainer.log(). "
+        f"transformers {transformers.__version__}, torch {torch.__version__}, Python "
+        f"{platform.python_version()}, {os.cpu_count()} CPUs; {elapsed:.0f} s."
+    )
+    raw = statistics.median(m for m, _ in rows[RAW[0]])
+    summary = (
+        f"The hook alone (`run.log` at the same cadence, no Trainer): {raw:.1f} us median; "
+        f"back to back: {statistics.median(m for m, _ in rows[RAW[1]]):.1f} us; "
+        f"the callback's own calls back to back: "
+        f"{statistics.median(m for m, _ in rows[RAW[2]]):.1f} us.\n\n"
+    )
+    summary += (
+        f"Goal <= 5 us median beyond HF's own logging: {verdict} ({runwatch_beyond:+.1f} us)."
+    )
+    text = "\n".join([header, "", *lines, "", summary])
+    print(text)
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    opts.out.write_text(
+        "# RunwatchCallback overhead per logged step (bench/integration_overhead_hf.py)\n\n"
+        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
+        f"`python bench/integration_overhead_hf.py --steps {opts.steps} "
+        f"--repeats {opts.repeats} --work-ms {opts.work_ms:g}`\n\n{text}\n"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
