@@ -148,10 +148,18 @@ class RunwatchCallback(TrainerCallback):
             self.run.event("crash", message="train() ended without on_train_end")
             self.run.finish(status="crashed")
         options = dict(self._options)
-        # Ranks come from the Trainer, which knows them even when the launcher's variables
-        # are not the ones runwatch reads (accelerate, deepspeed): rank 0 logs everything,
-        # other ranks their own timing (runwatch.hook.ranks).
         if args.world_size > 1:
+            pushes = options.get("store") is None and (
+                options.get("url") or os.environ.get("RUNWATCH_URL")
+            )
+            if not pushes and args.process_index != 0:
+                # Several processes and one SQLite file: only rank 0 writes the run; another
+                # rank would resume it as a new attempt. Push to a server (url=) to see ranks.
+                log.debug("runwatch: rank %d does not log to a local store", args.process_index)
+                return
+            # Ranks come from the Trainer, which knows them even when the launcher's
+            # variables are not the ones runwatch reads (accelerate, deepspeed): rank 0 logs
+            # everything, other ranks their own timing (runwatch.hook.ranks).
             options.setdefault("labels", {"rank": args.process_index, "host": socket.gethostname()})
             if not options.get("all_ranks") and args.process_index != 0:
                 options.setdefault("keep_metric", partial(keeps_metric, rank=args.process_index))

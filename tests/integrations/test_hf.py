@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import subprocess
 import sys
 import textwrap
@@ -182,6 +183,53 @@ def test_exception_leaving_train_marks_the_run_crashed(tmp_path, db_path):
         crash = store.events("boom", kinds=["crash"]).iloc[0]
         assert "illegal memory access" in crash["message"]
         assert store.read_series("boom", "loss")["step"].max() == 4
+
+
+_DDP = """
+import sys
+sys.path.insert(0, sys.argv[2])
+from pathlib import Path
+from test_hf import _trainer
+from runwatch.integrations.hf import RunwatchCallback
+
+callback = RunwatchCallback(name="ddp", store=sys.argv[1])
+trainer = _trainer(Path(sys.argv[3]), callback, max_steps=6, ddp_backend="gloo")
+assert trainer.args.world_size == 2
+trainer.train()
+"""
+
+
+def test_under_ddp_only_rank_zero_writes_a_local_store(tmp_path, db_path):
+    """Two CPU ranks (torchrun, gloo) and one SQLite file: one run, one attempt, each
+    step's loss once, labelled rank 0. Rank 1 resuming the run would make two attempts."""
+    script = tmp_path / "ddp.py"
+    script.write_text(textwrap.dedent(_DDP))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            f"--master_port={port}",
+            str(script),
+            str(db_path),
+            str(Path(__file__).parent),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    with runwatch.open_store(str(db_path)) as store:
+        runs = store.runs()
+        assert runs["name"].tolist() == ["ddp"] and runs["status"].tolist() == ["finished"]
+        assert len(store.attempts("ddp")) == 1
+        assert store.read_series("ddp", "loss")["step"].tolist() == list(range(1, 7))
+        assert set(store.series("ddp")["rank"]) == {0}
 
 
 def test_a_caught_crash_is_closed_when_train_runs_again(tmp_path, db_path):
