@@ -379,10 +379,10 @@ def _cmd_import(args: argparse.Namespace) -> int:
         bar.update(total - bar.n)
     for name, n in summary.points.items():
         events = summary.events.get(name, 0)
-        more = f" and {events} events" if events else ""
+        more = f", and {events:,} event{'s' * (events != 1)}" if events else ""
         print(
-            f"imported {n:,} points in {len(summary.series[name])} series{more} into run "
-            f"{name!r} ({args.db})"
+            f"imported {n:,} points in {len(summary.series[name])} series into run "
+            f"{name!r} ({args.db}){more}"
         )
     return EXIT_OK
 

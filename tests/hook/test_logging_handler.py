@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from runwatch.hook import logging_handler
-from runwatch.log_patterns import classify_log_message
 from runwatch.hook.logging_handler import LoggingHandler
+from runwatch.log_patterns import classify_log_message
 from runwatch.model import EVENT_KINDS
 
 
