@@ -205,7 +205,7 @@ def test_watch_sends_the_nan_to_the_webhook(tmp_path: Path) -> None:
             self.end_headers()
 
         def log_message(self, *args: Any) -> None:
-            pass
+            """Quiet: the test reads the bodies it received, not the server's log."""
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
