@@ -162,7 +162,6 @@ class IncidentTables:
         author. ``source=None`` takes, per run, the live incidents if it has any, else the
         replayed ones (analyze finds the same again). ``status`` filters (open, benign,
         real, watch)."""
-        import pandas as pd
 
         if status is not None and status not in INCIDENT_STATUSES:
             raise ValueError(
@@ -189,9 +188,7 @@ class IncidentTables:
                 "WHERE j.run_id = i.run_id AND j.source = 'live'))"
             )
         with self._lock:  # type: ignore[attr-defined]
-            frame = pd.read_sql_query(
-                sql + " ORDER BY i.first_step, i.id", self._conn, params=params
-            )
+            frame = self._frame(sql + " ORDER BY i.first_step, i.id", params)  # type: ignore[attr-defined]
         if status is not None:
             frame = frame[frame["status"] == status].reset_index(drop=True)
         frame["hypotheses"] = frame["hypotheses"].map(json.loads)
@@ -203,7 +200,6 @@ class IncidentTables:
     def incident_members(self, incident_id: int) -> pd.DataFrame:
         """An incident's members in step order: anomalies and events in one frame
         (``kind`` says which; ``member_id`` is the anomaly's or event's row id)."""
-        import pandas as pd
 
         sql = """
             SELECT 'anomaly' AS kind, a.id AS member_id, a.detector AS what, a.metric,
@@ -218,7 +214,7 @@ class IncidentTables:
             FROM incident_members m JOIN events e ON e.id = m.event_id
             WHERE m.incident_id = ?"""
         with self._lock:  # type: ignore[attr-defined]
-            frame = pd.read_sql_query(sql, self._conn, params=(incident_id, incident_id))
+            frame = self._frame(sql, (incident_id, incident_id))  # type: ignore[attr-defined]
         frame["labels"] = frame["labels"].map(json.loads)
         frame["is_open"] = frame["is_open"].astype(bool)
         return frame.sort_values(["step", "time"], kind="stable").reset_index(drop=True)

@@ -122,8 +122,10 @@ class IngestTables:
     ) -> None:
         if launch_id is not None:
             conn.execute(
-                "INSERT OR REPLACE INTO run_launches (run_id, launch_id, attempt, created) "
-                "VALUES (?, ?, ?, ?)",
+                "INSERT INTO run_launches (run_id, launch_id, attempt, created) "
+                "VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (run_id, launch_id) DO UPDATE SET attempt = excluded.attempt, "
+                "created = excluded.created",
                 (run_id, launch_id, attempt, now),
             )
 

@@ -108,7 +108,6 @@ class JudgementTables:
         min_severity: str | None = None,
     ) -> pd.DataFrame:
         """Anomalies (with the run name and the latest verdict on each), newest step last."""
-        import pandas as pd
 
         sql = """
             SELECT a.id, r.name AS run, a.source, a.detector, a.metric, a.labels, a.start_step,
@@ -125,9 +124,7 @@ class JudgementTables:
             sql += " AND a.source = ?"
             params.append(source)
         with self._lock:  # type: ignore[attr-defined]
-            frame = pd.read_sql_query(
-                sql + " ORDER BY a.start_step, a.id", self._conn, params=params
-            )
+            frame = self._frame(sql + " ORDER BY a.start_step, a.id", params)  # type: ignore[attr-defined]
         if min_severity is not None:
             floor = severity_rank(min_severity)
             frame = frame[frame["severity"].map(severity_rank) >= floor].reset_index(drop=True)
@@ -168,7 +165,6 @@ class JudgementTables:
             return int(cur.lastrowid)  # type: ignore[arg-type]
 
     def verdicts(self, anomaly_id: int | None = None) -> pd.DataFrame:
-        import pandas as pd
 
         sql = "SELECT id, anomaly_id, incident_id, verdict, note, author, time FROM verdicts"
         params: tuple[Any, ...] = ()
@@ -176,7 +172,7 @@ class JudgementTables:
             sql += " WHERE anomaly_id = ?"
             params = (anomaly_id,)
         with self._lock:  # type: ignore[attr-defined]
-            return pd.read_sql_query(sql + " ORDER BY time, id", self._conn, params=params)
+            return self._frame(sql + " ORDER BY time, id", params)  # type: ignore[attr-defined]
 
     def save_expected_curve(
         self,
@@ -198,8 +194,11 @@ class JudgementTables:
             payload["family"] = list(family)
         with self.transaction() as conn:  # type: ignore[attr-defined]
             conn.execute(
-                "INSERT OR REPLACE INTO expected_curves (run_id, metric, model, upto, final_step, "
-                "curve, created) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO expected_curves (run_id, metric, model, upto, final_step, curve, "
+                "created) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, metric) DO UPDATE "
+                "SET model = excluded.model, upto = excluded.upto, "
+                "final_step = excluded.final_step, curve = excluded.curve, "
+                "created = excluded.created",
                 (run_id, metric, model, upto, final_step, json.dumps(payload), time.time()),
             )
 

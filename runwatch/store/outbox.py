@@ -69,8 +69,9 @@ class OutboxTables:
         with self.transaction() as conn:  # type: ignore[attr-defined]
             before = conn.total_changes
             conn.executemany(
-                "INSERT OR IGNORE INTO alert_outbox (idempotency_key, channel, payload, summary, "
-                "status, attempts, next_try, created) VALUES (?, ?, ?, ?, 'pending', 0, ?, ?)",
+                "INSERT INTO alert_outbox (idempotency_key, channel, payload, summary, "
+                "status, attempts, next_try, created) VALUES (?, ?, ?, ?, 'pending', 0, ?, ?) "
+                "ON CONFLICT DO NOTHING",
                 rows,
             )
             return conn.total_changes - before
@@ -148,7 +149,6 @@ class OutboxTables:
 
     def outbox(self, status: str | None = None, channel: str | None = None) -> pd.DataFrame:
         """Outbox rows (without payloads): id, key, channel, summary, status, attempts, times."""
-        import pandas as pd
 
         sql = (
             "SELECT id, idempotency_key, channel, summary, status, attempts, next_try, created, "
@@ -164,7 +164,7 @@ class OutboxTables:
             sql += " AND channel = ?"
             params.append(channel)
         with self._lock:  # type: ignore[attr-defined]
-            return pd.read_sql_query(sql + " ORDER BY id", self._conn, params=params)
+            return self._frame(sql + " ORDER BY id", params)  # type: ignore[attr-defined]
 
     def outbox_payload(self, outbox_id: int) -> dict[str, Any]:
         with self._lock:  # type: ignore[attr-defined]
@@ -176,7 +176,6 @@ class OutboxTables:
         return json.loads(row[0])
 
     def alert_attempts(self, outbox_id: int | None = None) -> pd.DataFrame:
-        import pandas as pd
 
         sql = "SELECT outbox_id, time, ok, detail FROM alert_attempts"
         params: tuple[Any, ...] = ()
@@ -184,7 +183,7 @@ class OutboxTables:
             sql += " WHERE outbox_id = ?"
             params = (outbox_id,)
         with self._lock:  # type: ignore[attr-defined]
-            return pd.read_sql_query(sql + " ORDER BY time, rowid", self._conn, params=params)
+            return self._frame(sql + " ORDER BY time, rowid", params)  # type: ignore[attr-defined]
 
     def outbox_counts(self) -> dict[tuple[str, str], int]:
         """(channel, status) -> rows: what the exporter reports as sent, failed, pending."""
@@ -248,8 +247,9 @@ class OutboxTables:
         now = time.time() if now is None else now
         with self.transaction() as conn:  # type: ignore[attr-defined]
             cur = conn.execute(
-                "UPDATE alert_silences SET ends_at = MIN(ends_at, ?) WHERE id = ?",
-                (now, silence_id),
+                "UPDATE alert_silences SET ends_at = CASE WHEN ends_at < ? THEN ends_at ELSE ? END "
+                "WHERE id = ?",
+                (now, now, silence_id),
             )
             if cur.rowcount == 0:
                 raise KeyError(f"no silence with id {silence_id}")

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("runwatch.store")
 
 DEFAULT_STORE = "runwatch.db"
+PG_URL_PREFIXES = ("postgresql://", "postgres://")
 SERIES_COLUMNS = ("metric", *LABEL_KEYS)
 MIGRATION_WAIT_S = 30.0
 
@@ -93,7 +94,18 @@ def primary_series(rows: Iterable[tuple[int, str]]) -> int:
 class Store(
     JudgementTables, IncidentTables, OutboxTables, IngestTables, StatusTables, ContextTables
 ):
-    """A runwatch store in one SQLite file (created, and migrated, on open)."""
+    """A runwatch store in one SQLite file (created, and migrated, on open).
+
+    ``Store("postgresql://...")`` makes a :class:`runwatch.store.postgres.PostgresStore`
+    instead: every caller that opens a store by path takes a URL as well.
+    """
+
+    def __new__(cls, path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Store:
+        if cls is Store and isinstance(path, str) and path.startswith(PG_URL_PREFIXES):
+            from runwatch.store.postgres import PostgresStore
+
+            return super().__new__(PostgresStore)
+        return super().__new__(cls)
 
     def __init__(
         self, path: str | os.PathLike[str], *, readonly: bool = False, busy_timeout_s: float = 5.0
@@ -185,15 +197,32 @@ class Store(
             if self._conn.in_transaction:
                 yield self._conn
                 return
-            self._conn.execute("BEGIN IMMEDIATE")
+            self._begin()
             try:
                 yield self._conn
+                self._commit()
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                self._rollback()
                 self._appender.forget()
                 self._series_ids.clear()
                 raise
-            self._conn.execute("COMMIT")
+
+    # -- dialect hooks (runwatch/store/postgres.py overrides them) ---------------------------
+    def _begin(self) -> None:
+        self._conn.execute("BEGIN IMMEDIATE")
+
+    def _commit(self) -> None:
+        self._conn.execute("COMMIT")
+
+    def _rollback(self) -> None:
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
+
+    def _frame(self, sql: str, params: Sequence[Any] = ()) -> pd.DataFrame:
+        """A query's rows as a frame (column names as the query gives them)."""
+        import pandas as pd
+
+        return pd.read_sql_query(sql, self._conn, params=params)
 
     # -- runs and attempts -----------------------------------------------------------------
     def start_run(
@@ -322,7 +351,6 @@ class Store(
 
     def runs(self) -> pd.DataFrame:
         """One row per run: name, project, status, times, last step, attempts, points."""
-        import pandas as pd
 
         sql = """
             SELECT r.id AS run_id, r.name, r.project, r.status, r.start_time, r.end_time,
@@ -333,18 +361,16 @@ class Store(
                    (SELECT COUNT(*) FROM series s WHERE s.run_id = r.id) AS series
             FROM runs r ORDER BY r.id"""
         with self._lock:
-            return pd.read_sql_query(sql, self._conn)
+            return self._frame(sql)
 
     def attempts(self, run: str | int) -> pd.DataFrame:
-        import pandas as pd
 
         run_id = self._resolve(run)
         with self._lock:
-            return pd.read_sql_query(
+            return self._frame(
                 "SELECT attempt, start_step, start_time, reason FROM attempts WHERE run_id = ? "
                 "ORDER BY attempt",
-                self._conn,
-                params=(run_id,),
+                (run_id,),
             )
 
     def _attempt_starts(self, run_id: int) -> dict[int, int | None]:
@@ -383,7 +409,9 @@ class Store(
             return cached
         with self._lock:
             self._conn.execute(
-                "INSERT OR IGNORE INTO series (run_id, metric, labels) VALUES (?, ?, ?)", key
+                "INSERT INTO series (run_id, metric, labels) VALUES (?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
+                key,
             )
             (sid,) = self._conn.execute(
                 "SELECT id FROM series WHERE run_id = ? AND metric = ? AND labels = ?", key
@@ -486,7 +514,7 @@ class Store(
         with self.transaction() as conn:
             conn.executemany(
                 "INSERT INTO drops (run_id, reason, count) VALUES (?, ?, ?) "
-                "ON CONFLICT (run_id, reason) DO UPDATE SET count = count + excluded.count",
+                "ON CONFLICT (run_id, reason) DO UPDATE SET count = drops.count + excluded.count",
                 [(run_id, reason, n) for reason, n in counts.items() if n],
             )
 
@@ -633,7 +661,6 @@ class Store(
 
     # -- events ------------------------------------------------------------------------------
     def events(self, run: str | int, kinds: Sequence[str] | None = None) -> pd.DataFrame:
-        import pandas as pd
 
         run_id = self._resolve(run)
         sql = (
@@ -645,4 +672,4 @@ class Store(
             sql += f" AND kind IN ({','.join('?' * len(kinds))})"
             params.extend(kinds)
         with self._lock:
-            return pd.read_sql_query(sql + " ORDER BY time, id", self._conn, params=params)
+            return self._frame(sql + " ORDER BY time, id", params)

@@ -10,8 +10,8 @@ from runwatch.store.context import StepContext
 
 
 @pytest.fixture
-def store(tmp_path):
-    with Store(tmp_path / "ctx.db") as s:
+def store(store_url):
+    with Store(store_url) as s:
         yield s
 
 

@@ -31,8 +31,8 @@ def _incident(key: str, members: list[int], severity: str = "info") -> Incident:
 
 
 @pytest.fixture
-def store(tmp_path):
-    with Store(tmp_path / "rw.db") as s:
+def store(store_url):
+    with Store(store_url) as s:
         yield s
 
 

@@ -16,8 +16,8 @@ def _write(store, run_id: int, attempt: int, metric: str, labels: dict, level: f
     store.write(run_id, attempt, {sid: (steps, steps * 0.5, values)})
 
 
-def test_a_served_run_reads_like_an_in_process_one(tmp_path) -> None:
-    with open_store(tmp_path / "s.db") as store:
+def test_a_served_run_reads_like_an_in_process_one(store_url) -> None:
+    with open_store(store_url) as store:
         run_id, attempt = store.start_run("served", now=0.0)
         _write(store, run_id, attempt, "loss", {"host": "a", "rank": 1}, level=3.0)
         _write(store, run_id, attempt, "loss", {"host": "b", "rank": 0}, level=2.0)

@@ -42,9 +42,9 @@ def _pts(steps, rng):
 
 
 @pytest.fixture
-def store(db_path):
+def store(store_url):
     rng = np.random.default_rng(7)
-    with open_store(str(db_path)) as store:
+    with open_store(store_url) as store:
         run_id, a1 = store.start_run("r")
         loss = store.series_id(run_id, "loss")
         st0 = store.series_id(run_id, "step_time", {"rank": 0, "host": "h0"})
@@ -100,12 +100,12 @@ def test_live_order_keeps_the_last_of_a_repeated_step_and_drops_redone_steps():
     assert live_order(pts, {1: 0}).tolist() == [0, 1, 6, 4, 5]  # no restart known
 
 
-def test_the_cross_rank_read_replays_events_of_a_run_with_no_fleet_series(db_path):
+def test_the_cross_rank_read_replays_events_of_a_run_with_no_fleet_series(store_url):
     from runwatch.detect.fleet.monitor import fleet_anomalies
     from runwatch.pipeline.fleet import run_fleet_anomalies
 
     rng = np.random.default_rng(3)
-    with open_store(str(db_path)) as store:
+    with open_store(store_url) as store:
         run_id, a1 = store.start_run("r")
         store.write(run_id, a1, {store.series_id(run_id, "loss"): _pts(range(20), rng)})
         xid = Event("xid", 10, 5.0, rank=2, host="h", attrs={"xid": 79, "gpu": 1})
@@ -119,13 +119,13 @@ def test_the_cross_rank_read_replays_events_of_a_run_with_no_fleet_series(db_pat
     ]
 
 
-def test_the_cross_rank_read_finds_what_reading_every_series_finds(db_path):
+def test_the_cross_rank_read_finds_what_reading_every_series_finds(store_url):
     from runwatch.detect.fleet.monitor import fleet_anomalies
     from runwatch.pipeline.fleet import run_fleet_anomalies
 
     rng = np.random.default_rng(5)
     steps = np.arange(200, dtype=np.int64)
-    with open_store(str(db_path)) as store:
+    with open_store(store_url) as store:
         run_id, a1 = store.start_run("r")
         batch = {store.series_id(run_id, "loss"): _pts(steps, rng)}
         for rank in range(8):
@@ -142,10 +142,10 @@ def test_the_cross_rank_read_finds_what_reading_every_series_finds(db_path):
     assert [asdict(a) for a in narrowed] == [asdict(a) for a in everything]
 
 
-def test_a_restart_supersedes_its_steps_in_a_series_it_has_not_logged_yet(tmp_path):
+def test_a_restart_supersedes_its_steps_in_a_series_it_has_not_logged_yet(store_url):
     """Attempt 2 restarted from step 6 and so far logged grad_norm only: attempt 1's loss
     at steps 6-10 is lost work too, however the loss is read."""
-    with open_store(str(tmp_path / "r.db")) as store:
+    with open_store(store_url) as store:
         run_id, first = store.start_run("r", now=0.0)
         loss, grad = store.series_id(run_id, "loss"), store.series_id(run_id, "grad_norm")
         steps = np.arange(1, 11, dtype=np.int64)

@@ -48,8 +48,8 @@ def test_readonly_open_of_a_missing_store_says_how_to_make_one(db_path):
         open_store(str(db_path), readonly=True)
 
 
-def test_resume_starts_a_new_attempt_and_resume_false_refuses(db_path):
-    with open_store(str(db_path)) as store:
+def test_resume_starts_a_new_attempt_and_resume_false_refuses(store_url):
+    with open_store(store_url) as store:
         assert store.start_run("r") == (1, 1)
         assert store.start_run("r") == (1, 2)
         with pytest.raises(RunExistsError, match="exists"):
@@ -58,8 +58,8 @@ def test_resume_starts_a_new_attempt_and_resume_false_refuses(db_path):
         assert kinds == ["start", "resume"]
 
 
-def test_points_round_trip_with_nan_and_inf(db_path):
-    with open_store(str(db_path)) as store:
+def test_points_round_trip_with_nan_and_inf(store_url):
+    with open_store(store_url) as store:
         run_id, attempt = store.start_run("r")
         sid = store.series_id(run_id, "loss")
         store.write(run_id, attempt, {sid: _pts([0, 1, 2, 3], [3.0, np.nan, np.inf, -np.inf])})
@@ -68,8 +68,8 @@ def test_points_round_trip_with_nan_and_inf(db_path):
     assert np.array_equal(got["value"], [3.0, np.nan, np.inf, -np.inf], equal_nan=True)
 
 
-def test_latest_attempt_wins_and_redone_steps_stay_visible(db_path):
-    with open_store(str(db_path)) as store:
+def test_latest_attempt_wins_and_redone_steps_stay_visible(store_url):
+    with open_store(store_url) as store:
         run_id, a1 = store.start_run("r")
         sid = store.series_id(run_id, "loss")
         store.write(run_id, a1, {sid: _pts(range(10), [1.0] * 10)})
@@ -84,8 +84,8 @@ def test_latest_attempt_wins_and_redone_steps_stay_visible(db_path):
     assert lost["step"].tolist() == [6, 7, 8, 9] and set(lost["attempt"]) == {1}
 
 
-def test_repeated_step_in_one_attempt_keeps_the_last_value(db_path):
-    with open_store(str(db_path)) as store:
+def test_repeated_step_in_one_attempt_keeps_the_last_value(store_url):
+    with open_store(store_url) as store:
         run_id, a1 = store.start_run("r")
         sid = store.series_id(run_id, "loss")
         store.write(run_id, a1, {sid: _pts([1, 2, 2], [1.0, 2.0, 2.5])})
@@ -94,10 +94,10 @@ def test_repeated_step_in_one_attempt_keeps_the_last_value(db_path):
     assert got["value"].tolist() == [1.0, 2.7, 3.0]
 
 
-def test_small_flushes_are_sealed_into_big_blocks_without_changing_reads(db_path):
+def test_small_flushes_are_sealed_into_big_blocks_without_changing_reads(store_url):
     rng = np.random.default_rng(0)
     values = rng.normal(size=3 * SEAL_POINTS + 17)
-    with open_store(str(db_path)) as store:
+    with open_store(store_url) as store:
         run_id, a1 = store.start_run("r")
         sid = store.series_id(run_id, "loss")
         for start in range(0, len(values), 97):
@@ -110,12 +110,12 @@ def test_small_flushes_are_sealed_into_big_blocks_without_changing_reads(db_path
     assert counts[1] == 3 and counts.get(0, 0) <= 1
 
 
-def test_blocks_left_unsealed_by_a_killed_writer_are_merged_by_the_next(db_path):
-    with open_store(str(db_path)) as store:
+def test_blocks_left_unsealed_by_a_killed_writer_are_merged_by_the_next(store_url):
+    with open_store(store_url) as store:
         run_id, a1 = store.start_run("r")
         sid = store.series_id(run_id, "loss")
         store.write(run_id, a1, {sid: _pts(range(100), np.ones(100))})
-    with open_store(str(db_path)) as store:  # a new process's connection
+    with open_store(store_url) as store:  # a new process's connection
         store.write(
             run_id, a1, {sid: _pts(range(100, SEAL_POINTS + 50), np.zeros(SEAL_POINTS - 50))}
         )
@@ -125,10 +125,10 @@ def test_blocks_left_unsealed_by_a_killed_writer_are_merged_by_the_next(db_path)
     assert sealed[0] == 1
 
 
-def test_range_reads_and_downsampled_reads(db_path):
+def test_range_reads_and_downsampled_reads(store_url):
     values = np.ones(200_000)
     values[123_456] = 99.0
-    with open_store(str(db_path)) as store:
+    with open_store(store_url) as store:
         run_id, a1 = store.start_run("r")
         sid = store.series_id(run_id, "loss", {"rank": 0})
         store.write(run_id, a1, {sid: _pts(range(200_000), values)})
@@ -140,8 +140,8 @@ def test_range_reads_and_downsampled_reads(db_path):
     assert other_rank.empty
 
 
-def test_read_points_is_long_format_in_step_order(db_path):
-    with open_store(str(db_path)) as store:
+def test_read_points_is_long_format_in_step_order(store_url):
+    with open_store(store_url) as store:
         run_id, a1 = store.start_run("r")
         loss = store.series_id(run_id, "loss")
         gn = store.series_id(run_id, "grad_norm", {"rank": 3, "host": "h1"})
@@ -161,22 +161,22 @@ def test_read_points_is_long_format_in_step_order(db_path):
     assert points[points["metric"] == "grad_norm"]["rank"].tolist() == [3, 3]
 
 
-def test_unknown_run_names_the_runs_there_are(db_path):
-    with open_store(str(db_path)) as store:
+def test_unknown_run_names_the_runs_there_are(store_url):
+    with open_store(store_url) as store:
         store.start_run("alpha")
         with pytest.raises(RunNotFoundError, match="alpha"):
             store.read_series("beta", "loss")
 
 
-def test_reader_works_while_a_writer_writes(db_path):
-    with open_store(str(db_path)) as store:
+def test_reader_works_while_a_writer_writes(store_url):
+    with open_store(store_url) as store:
         run_id, a1 = store.start_run("r")
         sid = store.series_id(run_id, "loss")
     stop = threading.Event()
     errors: list[BaseException] = []
 
     def write() -> None:
-        with open_store(str(db_path)) as writer:
+        with open_store(store_url) as writer:
             step = 0
             while not stop.is_set() and step < 100_000:
                 writer.write(run_id, a1, {sid: _pts(range(step, step + 500), np.ones(500))})
@@ -187,7 +187,7 @@ def test_reader_works_while_a_writer_writes(db_path):
     thread.start()
     seen = []
     try:
-        with open_store(str(db_path), readonly=True) as reader:
+        with open_store(store_url, readonly=True) as reader:
             deadline = time.monotonic() + 20
             while len(set(seen)) < 5 and time.monotonic() < deadline:
                 seen.append(len(reader.read_series("r", "loss")))
@@ -201,8 +201,8 @@ def test_reader_works_while_a_writer_writes(db_path):
     assert all(n % 500 == 0 for n in seen)  # a reader never sees half a transaction
 
 
-def test_anomalies_update_in_place_and_replay_replaces(db_path):
-    with open_store(str(db_path)) as store:
+def test_anomalies_update_in_place_and_replay_replaces(store_url):
+    with open_store(store_url) as store:
         run_id, _ = store.start_run("r")
         anomaly = Anomaly("spike", "loss", 10, 10, "warning", 7.0, 5.0, "loss spike")
         ids: dict[int, int] = {}
@@ -226,16 +226,16 @@ def test_anomalies_update_in_place_and_replay_replaces(db_path):
     assert after["verdict"].tolist() == ["benign"]
 
 
-def test_drops_accumulate_by_reason(db_path):
-    with open_store(str(db_path)) as store:
+def test_drops_accumulate_by_reason(store_url):
+    with open_store(store_url) as store:
         run_id, _ = store.start_run("r")
         store.record_drops(run_id, {"bad_value": 2})
         store.record_drops(run_id, {"bad_value": 3, "queue_full": 1})
         assert store.drops("r") == {"bad_value": 5, "queue_full": 1}
 
 
-def test_runs_lists_points_series_and_attempts(db_path):
-    with open_store(str(db_path)) as store:
+def test_runs_lists_points_series_and_attempts(store_url):
+    with open_store(store_url) as store:
         run_id, a1 = store.start_run("r", project="p", config={"lr": 3e-4})
         sid = store.series_id(run_id, "loss")
         store.write(run_id, a1, {sid: _pts(range(5), np.ones(5))})

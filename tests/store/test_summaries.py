@@ -13,11 +13,11 @@ def _write(store, run_id, attempt, sid, steps, values):
     store.write(run_id, attempt, {sid: (steps, 1.7e9 + steps * 0.5, np.asarray(values, float))})
 
 
-def test_summarized_read_keeps_spikes_nan_and_the_bound(db_path):
+def test_summarized_read_keeps_spikes_nan_and_the_bound(store_url):
     n = 1_000_000
     values = 2.0 + np.random.default_rng(0).normal(0, 0.01, n)
     values[654_321], values[12_345], values[777_777] = 30.0, -4.0, np.nan
-    with open_store(str(db_path)) as store:
+    with open_store(store_url) as store:
         run_id, a1 = store.start_run("r")
         sid = store.series_id(run_id, "loss")
         _write(store, run_id, a1, sid, np.arange(n), values)
@@ -31,8 +31,8 @@ def test_summarized_read_keeps_spikes_nan_and_the_bound(db_path):
     assert finite.max() == np.nanmax(full["value"]) and finite.min() == np.nanmin(full["value"])
 
 
-def test_summarized_read_respects_restarts(db_path):
-    with open_store(str(db_path)) as store:
+def test_summarized_read_respects_restarts(store_url):
+    with open_store(store_url) as store:
         run_id, a1 = store.start_run("r")
         sid = store.series_id(run_id, "loss")
         _write(store, run_id, a1, sid, np.arange(300_000), np.ones(300_000))
@@ -46,8 +46,8 @@ def test_summarized_read_respects_restarts(db_path):
     assert 9.0 in late["value"].tolist() and 1.0 not in late["value"].tolist()
 
 
-def test_repeated_steps_fall_back_to_the_exact_read(db_path):
-    with open_store(str(db_path)) as store:
+def test_repeated_steps_fall_back_to_the_exact_read(store_url):
+    with open_store(store_url) as store:
         run_id, a1 = store.start_run("r")
         sid = store.series_id(run_id, "loss")
         _write(store, run_id, a1, sid, np.arange(300_000), np.ones(300_000))

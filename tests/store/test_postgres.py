@@ -1,0 +1,130 @@
+"""The PostgreSQL store's own promises: clear errors, hidden passwords, schema versions,
+concurrent first opens, and a database that goes away mid-batch (nothing half-written)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+import psycopg
+import pytest
+
+from runwatch.store import StoreError, open_store
+from runwatch.store.postgres import (
+    StoreUnavailableError,
+    migrate_pg,
+    pg_migration,
+    redact_url,
+    schema_version,
+)
+from runwatch.store.schema import MIGRATIONS, SCHEMA_VERSION
+
+
+def _pts(n: int, first: int = 0):
+    steps = np.arange(first, first + n, dtype=np.int64)
+    return steps, steps * 1.0, np.sin(steps * 1.0)
+
+
+def test_a_wrong_password_is_one_clear_error_that_never_shows_the_password(
+    pg_cluster, pg_url, caplog
+):
+    url = pg_cluster.url(pg_url.rsplit("/", 1)[1], password="hunter2-wrong")
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(StoreError, match="password authentication failed") as err:
+        open_store(url)
+    assert "hunter2" not in str(err.value) and ":***@" in str(err.value)
+    assert "hunter2" not in caplog.text
+    assert pg_cluster.password not in redact_url(pg_url)
+
+
+def test_an_unreachable_server_is_a_clear_error(pg_cluster):
+    url = f"postgresql://runwatch:pw@127.0.0.1:{pg_cluster.port + 1}/nowhere"
+    with pytest.raises(StoreError, match="cannot connect to PostgreSQL"):
+        open_store(url)
+
+
+def test_readonly_open_of_an_empty_database_says_how_to_make_a_store(pg_url):
+    with pytest.raises(StoreError, match="no runwatch store in this database"):
+        open_store(pg_url, readonly=True)
+
+
+def test_a_database_from_a_newer_runwatch_is_refused(pg_url):
+    open_store(pg_url).close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE runwatch_schema SET version = %s", (SCHEMA_VERSION + 1,))
+    for readonly in (False, True):
+        with pytest.raises(StoreError, match="newer than this runwatch"):
+            open_store(pg_url, readonly=readonly)
+
+
+def test_a_version_1_database_is_migrated_forward_keeping_its_data(pg_url):
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE runwatch_schema (version INTEGER NOT NULL)")
+        conn.execute("INSERT INTO runwatch_schema VALUES (1)")
+        for statement in pg_migration(MIGRATIONS[0]).split(";\n"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute("INSERT INTO runs (name, start_time) VALUES ('old', 1.0)")
+    with open_store(pg_url) as store:
+        assert store.runs()["name"].tolist() == ["old"]
+        store.start_run("new")  # v3+ columns and v4 tables exist
+        store.add_silence({"run": "old"}, ends_at=2e9)
+        assert [s["matchers"] for s in store.silences()] == [{"run": "old"}]
+    with psycopg.connect(pg_url) as conn:
+        assert schema_version(conn) == SCHEMA_VERSION
+
+
+def test_many_first_opens_at_once_migrate_once(pg_url):
+    errors: list[BaseException] = []
+
+    def open_one() -> None:
+        try:
+            open_store(pg_url).close()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM runwatch_schema").fetchone()[0] == 1
+        assert migrate_pg(conn, "here") == SCHEMA_VERSION  # nothing left to do
+
+
+def test_a_database_gone_mid_batch_loses_the_batch_whole_and_the_store_recovers(pg_url):
+    with open_store(pg_url) as store:
+        run_id, attempt = store.start_run("r")
+        sid = store.series_id(run_id, "loss")
+        store.write(run_id, attempt, {sid: _pts(100)})
+        pid = store._conn.raw.info.backend_pid
+        with (
+            pytest.raises(StoreUnavailableError, match="database unavailable"),
+            store.transaction(),
+        ):
+            store.write(run_id, attempt, {sid: _pts(5000, first=100)})
+            with psycopg.connect(pg_url, autocommit=True) as other:
+                other.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        # The next call gets a new connection; the batch is all absent, then goes in whole.
+        assert len(store.read_series("r", "loss")) == 100
+        store.write(run_id, attempt, {sid: _pts(5000, first=100)})
+        got = store.read_series("r", "loss")
+    assert got["step"].tolist() == list(range(5100))
+
+
+def test_bytea_blocks_hold_the_codec_bytes_and_sql_dialect_is_shared(pg_url):
+    with open_store(pg_url) as store:
+        run_id, attempt = store.start_run("r")
+        sid = store.series_id(run_id, "loss")
+        assert store.series_id(run_id, "loss") == sid  # ON CONFLICT DO NOTHING path, cached
+        store._series_ids.clear()
+        assert store.series_id(run_id, "loss") == sid  # ... and from the table
+        store.write(run_id, attempt, {sid: _pts(5000)})
+        kinds = store._conn.execute(
+            "SELECT pg_typeof(data)::text, sealed FROM point_blocks ORDER BY id"
+        ).fetchall()
+        assert kinds == [("bytea", 1), ("bytea", 0)]
+        assert store.enqueue_alerts([("k1", "c", "{}", "s"), ("k1", "c", "{}", "s")]) == 1
