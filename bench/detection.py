@@ -72,6 +72,13 @@ KNOWN_EVENTS: tuple[tuple[str, str | None, int, int, str], ...] = (
     ("mng_fp4_19k", "train_loss", 14257, 14257, "SOURCES: largest spike x1.98"),
     ("mng_llmc_gpt2_124m", "grad_norm", 9025, 9025, "SOURCES: grad_norm spike x7.5"),
     ("mng_llmc_gpt2_124m", "grad_norm", 7435, 7435, "SOURCES: grad_norm spike x5.3"),
+    (
+        "mlm_nemotron3_super_gb200",
+        "grad_num_zeros",
+        500,
+        1600,
+        "SOURCES: grad_num_zeros very large early on; ours: 38M -> 651M zeros, steps 570-1580",
+    ),
 )
 """Real events in the clean curves: an alarm overlapping one (± EVENT_MARGIN steps) is a
 true detection of a real event, not a false alarm. Incident excerpts (incident_*.csv)

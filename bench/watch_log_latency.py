@@ -80,7 +80,10 @@ def main() -> None:
     args = parser.parse_args()
     lat = np.array(watch_latency(args.trials, args.poll))
     setting = "default --poll" if args.poll is None else f"--poll {args.poll} (not the default)"
-    print(f"| watch --log, NaN line -> anomaly stored ({setting}) | trials | p50 s | p99 s | max s |")
+    print(
+        f"| watch --log, NaN line -> anomaly stored ({setting}) | trials | p50 s | p99 s |", end=""
+    )
+    print(" max s |")
     print("|---|---|---|---|---|")
     p50, p99 = np.percentile(lat, [50, 99])
     print(f"| nanogpt preset | {len(lat)} | {p50:.3f} | {p99:.3f} | {lat.max():.3f} |")

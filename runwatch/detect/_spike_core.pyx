@@ -169,16 +169,21 @@ cdef class SpikeCore:
     whether the detector has just accepted a new level, the spike's largest deviation and
     the value there, and whether it works in log space. Parameters as ``Spike`` takes
     them (validated there); ``log_only`` is its ``space == "log"``, ``linear`` its
-    ``space == "linear"``.
+    ``space == "linear"``. With ``detrend`` the baseline is the higher of the median and the
+    median carried along the median first difference of the learned values to the point
+    judged, so a steady climb or descent (a counter, a temperature schedule) is not a spike. ``rel_noise`` floors the
+    noise scale at that share of the baseline's size: a series constant to the last byte
+    is not flagged for a change of a few bytes.
     """
 
-    cdef double threshold, cont, min_delta
+    cdef double threshold, cont, min_delta, rel_noise
     cdef Py_ssize_t window, cw, min_points, adapt_after
-    cdef bint log_only, in_log
+    cdef bint log_only, in_log, detrend
     cdef double* buf              # the learned values (the last ``window``), a ring: the
     cdef Py_ssize_t head, nbuf    # oldest at ``head``
     cdef double* centre           # the last ``cw`` of them, sorted
     cdef double* diffs            # their absolute first differences, sorted
+    cdef double* slopes           # their signed first differences, sorted (``detrend``)
     cdef Py_ssize_t since
     cdef double scale, peak_dev, peak_value
     cdef Py_ssize_t run, spikes
@@ -190,14 +195,17 @@ cdef class SpikeCore:
 
     def __cinit__(self, double threshold, double continue_threshold, Py_ssize_t window,
                   Py_ssize_t center_window, Py_ssize_t min_points, double min_delta,
-                  Py_ssize_t adapt_after, bint log_only, bint linear, Py_ssize_t score_window):
+                  Py_ssize_t adapt_after, bint log_only, bint linear, Py_ssize_t score_window,
+                  bint detrend=False, double rel_noise=0.0):
         self.threshold, self.cont, self.min_delta = threshold, continue_threshold, min_delta
         self.window, self.cw, self.min_points = window, center_window, min_points
         self.adapt_after, self.log_only, self.in_log = adapt_after, log_only, not linear
+        self.detrend, self.rel_noise = detrend, rel_noise
         self.buf = <double*>malloc(window * sizeof(double))
         self.centre = <double*>malloc(center_window * sizeof(double))
         self.diffs = <double*>malloc(window * sizeof(double))
-        if not (self.buf and self.centre and self.diffs):
+        self.slopes = <double*>malloc(window * sizeof(double))
+        if not (self.buf and self.centre and self.diffs and self.slopes):
             raise MemoryError()
         self._clear()
         _score_init(&self.score, score_window, 7.0)
@@ -206,11 +214,13 @@ cdef class SpikeCore:
         free(self.buf)
         free(self.centre)
         free(self.diffs)
+        free(self.slopes)
         free(self.score.ring)
 
     def __reduce__(self):
         params = (self.threshold, self.cont, self.window, self.cw, self.min_points,
-                  self.min_delta, self.adapt_after, self.log_only, False, self.score.window)
+                  self.min_delta, self.adapt_after, self.log_only, False, self.score.window,
+                  self.detrend, self.rel_noise)
         state = (self.in_log, self.baseline, self.scale, self.since, self.run, self.peak_dev,
                  self.peak_value, self.spikes, _score_state(&self.score))
         return SpikeCore, params, state
@@ -264,11 +274,15 @@ cdef class SpikeCore:
         cdef Py_ssize_t n = self.nbuf, k = self.head + n
         cdef double d
         if n:
-            d = fabs(x - self._at(n - 1))
+            d = x - self._at(n - 1)
             if n == self.window:
-                _replace(self.diffs, n - 1, fabs(self._at(1) - self._at(0)), d)
+                _replace(self.diffs, n - 1, fabs(self._at(1) - self._at(0)), fabs(d))
+                if self.detrend:
+                    _replace(self.slopes, n - 1, self._at(1) - self._at(0), d)
             else:
-                _insert(self.diffs, n - 1, d)
+                _insert(self.diffs, n - 1, fabs(d))
+                if self.detrend:
+                    _insert(self.slopes, n - 1, d)
         if n >= self.cw:
             _replace(self.centre, self.cw, self._at(n - self.cw), x)
         else:
@@ -322,7 +336,16 @@ cdef class SpikeCore:
             center = self.centre[h]
         else:
             center = 0.5 * (self.centre[h - 1] + self.centre[h])
+        if self.detrend and self.nbuf > 1:
+            # The median sits (cw + 1) / 2 learned points back: carried to this point along
+            # the trend, it is the baseline when that is the higher one. A point must be
+            # out of both (no trend; the trend goes on): a schedule's bend is neither.
+            carried = center + 0.5 * (self.cw + 1) * self.slopes[(self.nbuf - 1) // 2]
+            if carried > center:
+                center = carried
         scale = self.scale if self.scale > 1e-12 else 1e-12
+        if scale < self.rel_noise * fabs(center):
+            scale = self.rel_noise * fabs(center)
         dev = x - center
         z = dev / scale
         if z < (self.cont if self.run else self.threshold) or dev < self.min_delta:

@@ -22,7 +22,7 @@ import pandas as pd
 from runwatch.detect.base import Detector, LRAware, Signal
 from runwatch.detect.busy import BusyClock
 from runwatch.detect.deviation import CurveDeviation
-from runwatch.detect.roles import DEFAULT_DETECTORS, ROLES, TIMING_ROLES, role_of
+from runwatch.detect.roles import ROLES, TIMING_ROLES, detectors_for, role_of
 from runwatch.detect.rows import OpenOrder, clock_states, feed_clock, fold_codes
 from runwatch.detect.series import Series
 from runwatch.detect.spike import Spike
@@ -461,7 +461,7 @@ class Monitor:
     def _new_series(self, metric: str, lk: tuple[Any, ...]) -> Series:
         role = role_of(metric, self.config)
         labels = {k: v for k, v in zip(LABEL_KEYS, lk, strict=True) if v is not None}
-        s = Series(metric, labels, role, DEFAULT_DETECTORS[role]())
+        s = Series(metric, labels, role, detectors_for(role, metric))
         self._series[(metric, lk)] = s
         if role == "lr" and self._lr_series is None:
             self._lr_series = s

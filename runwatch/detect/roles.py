@@ -7,6 +7,7 @@ matches names again.
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Callable, Mapping
 
 from runwatch.detect.base import Detector
@@ -113,6 +114,123 @@ DEFAULT_DETECTORS: dict[str, Callable[[], list[Detector]]] = {
     "throughput": _throughput,
     "step_time": _step_time,
     "cpu_wait": _cpu_wait,
-    "other": lambda: [NonFinite()],
+    "other": lambda: _other(None),
 }
-"""Role -> factory of a fresh default detector list; NonFinite always comes first."""
+"""Role -> factory of a fresh default detector list; NonFinite always comes first. A metric
+of role ``other`` gets :func:`detectors_for`'s list, which its name may narrow."""
+
+# Words in a metric's name that say which way is worse, or that it is an index, a clock or
+# a running total (whose level is no health signal). Whole words of the name, lower case.
+_HIGHER_IS_BETTER = frozenset(
+    [
+        "acc",
+        "accuracy",
+        "reward",
+        "rewards",
+        "return",
+        "returns",
+        "score",
+        "f1",
+        "bleu",
+        "rouge",
+        "rougel",
+        "precision",
+        "recall",
+        "auc",
+        "auroc",
+        "map",
+        "iou",
+        "dice",
+        "em",
+        "exact",
+        "match",
+        "win",
+        "winrate",
+        "pass",
+        "mfu",
+    ]
+)
+_LOWER_IS_BETTER = frozenset(
+    [
+        "ppl",
+        "perplexity",
+        "error",
+        "err",
+        "errors",
+        "wer",
+        "cer",
+        "mse",
+        "mae",
+        "rmse",
+        "nll",
+        "latency",
+        "bpb",
+        "bpc",
+    ]
+)
+_COUNTERS = frozenset(
+    [
+        "epoch",
+        "epochs",
+        "step",
+        "steps",
+        "iteration",
+        "iter",
+        "runtime",
+        "timestamp",
+        "consumed",
+        "total",
+        "seen",
+        "flos",
+    ]
+)
+_WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+
+
+def name_words(metric: str) -> list[str]:
+    """The lower-case words of a metric name: split at ``/ . _ - ``, spaces and CamelCase.
+
+    >>> name_words("eval/MeanReward"), name_words("val_ppl"), name_words("_runtime")
+    (['eval', 'mean', 'reward'], ['val', 'ppl'], ['runtime'])
+    """
+    return [w.lower() for w in _WORDS.findall(metric)]
+
+
+def worse_direction(metric: str) -> str | None:
+    """Which way ``metric`` gets worse by its name: "up", "down", or None when it does not say;
+    "counter" for an index, a clock or a running total (not judged by its level).
+
+    >>> [worse_direction(m) for m in ("eval_accuracy", "val_ppl", "kl", "consumed_samples")]
+    ['down', 'up', None, 'counter']
+    """
+    words = set(name_words(metric))
+    if words & _COUNTERS:
+        return "counter"
+    better, worse = bool(words & _HIGHER_IS_BETTER), bool(words & _LOWER_IS_BETTER)
+    if better == worse:
+        return None
+    return "down" if better else "up"
+
+
+def _other(metric: str | None) -> list[Detector]:
+    from runwatch.detect.change import Change
+
+    direction = worse_direction(metric) if metric is not None else None
+    if direction == "counter":
+        return [NonFinite()]
+    if direction is None:
+        return [NonFinite(), Change("up"), Change("down")]
+    return [NonFinite(), Change(direction)]
+
+
+def detectors_for(role: str, metric: str) -> list[Detector]:
+    """A fresh default detector list for ``metric`` of ``role``: the role's, and for a metric
+    of no known role, rises and drops in the direction its name calls worse (both when it
+    does not say; none when it is a counter or a clock).
+
+    >>> [d.name for d in detectors_for("other", "reward_mean")]
+    ['nonfinite', 'drop']
+    """
+    if role == "other":
+        return _other(metric)
+    return DEFAULT_DETECTORS[role]()
