@@ -19,7 +19,7 @@ from typing import Any
 
 from runwatch.extras import MissingExtra, require
 from runwatch.model import SEVERITIES, json_plain
-from runwatch.store import DEFAULT_STORE, StoreError
+from runwatch.store import STORE_HELP, StoreError, default_store, is_store_url, store_label
 
 EXIT_OK, EXIT_ANOMALIES, EXIT_USAGE = 0, 1, 2
 
@@ -33,9 +33,9 @@ class CommandError(Exception):
 def _db_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--db",
-        default=DEFAULT_STORE,
+        default=default_store(),
         metavar="DB",
-        help=f"the SQLite store (default: {DEFAULT_STORE} here)",
+        help=STORE_HELP,
     )
 
 
@@ -276,6 +276,7 @@ _COMMAND_MODULES = (
     "runwatch.server.cli",
     "runwatch.alerting.cli",
     "runwatch.cli_watch",
+    "runwatch.cli_migrate",
 )
 
 
@@ -304,8 +305,8 @@ def _open(path: str, *, must_exist: bool = True, write: bool = False) -> Any:
     """Open the store; a missing one is an error unless the command creates it."""
     from runwatch.store import open_store
 
-    if must_exist and write and not Path(path).exists():
-        open_store(path, readonly=True)  # raises the "no such store" error with its hint
+    if must_exist and write and (is_store_url(path) or not Path(path).exists()):
+        open_store(path, readonly=True).close()  # raises "no such store" with its hint
     return open_store(path, readonly=must_exist and not write)
 
 
@@ -382,7 +383,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
         more = f", and {events:,} event{'s' * (events != 1)}" if events else ""
         print(
             f"imported {n:,} points in {len(summary.series[name])} series into run "
-            f"{name!r} ({args.db}){more}"
+            f"{name!r} ({store_label(args.db)}){more}"
         )
     return EXIT_OK
 
@@ -474,7 +475,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
             print(json.dumps({k: json_plain(v) for k, v in rec.items()} | more))
         return EXIT_OK
     if runs.empty:
-        print(f"no runs in {args.db}")
+        print(f"no runs in {store_label(args.db)}")
         return EXIT_OK
     shown = runs[["name", "project", "status", "last_step", "attempts", "series", "points"]]
     shown = shown.astype(object).fillna("")  # object first: "" is no float

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runwatch.model import FAILURE_EVENTS, INCIDENT_STATUSES, json_plain
-from runwatch.store import DEFAULT_STORE, open_store
+from runwatch.store import STORE_HELP, default_store, is_store_url, open_store, store_label
 from runwatch.store.incidents import INCIDENT_SOURCES, importance_order
 from runwatch.store.judgements import VERDICTS
 
@@ -102,9 +102,9 @@ def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
 def _db_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--db",
-        default=DEFAULT_STORE,
+        default=default_store(),
         metavar="DB",
-        help=f"the SQLite store (default: {DEFAULT_STORE} here)",
+        help=STORE_HELP,
     )
 
 
@@ -195,7 +195,7 @@ def _hint_if_not_analyzed(store: Store, args: argparse.Namespace) -> None:
         return
     print(
         f"runwatch incidents: run {args.run!r} has points but no anomalies or incidents "
-        f"stored; run `runwatch analyze --db {args.db} --run {args.run}` first",
+        f"stored; run `runwatch analyze --db {store_label(args.db)} --run {args.run}` first",
         file=sys.stderr,
     )
 
@@ -380,8 +380,8 @@ def _cell(value: Any) -> str:
 
 # -- verdict -------------------------------------------------------------------------------
 def cmd_verdict(args: argparse.Namespace) -> int:
-    if not Path(args.db).exists():
-        open_store(args.db, readonly=True)  # raises the "no such store" error with its hint
+    if is_store_url(args.db) or not Path(args.db).exists():
+        open_store(args.db, readonly=True).close()  # raises "no such store" with its hint
     with open_store(args.db) as store:
         check_incident_of_run(store, args.run, args.incident)
         try:

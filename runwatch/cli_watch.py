@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from runwatch.store import DEFAULT_STORE
+from runwatch.store import STORE_HELP, default_store, is_store_url, store_label
 
 log = logging.getLogger("runwatch.cli.watch")
 
@@ -47,7 +47,7 @@ def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
         "on where it stopped.",
     )
     watch.add_argument("logdir", nargs="?", metavar="LOGDIR", help="the TensorBoard logdir")
-    watch.add_argument("--db", default=DEFAULT_STORE, metavar="DB", help="the SQLite store")
+    watch.add_argument("--db", default=default_store(), metavar="DB", help=STORE_HELP)
     watch.add_argument("--run", metavar="NAME", help="put everything into this run")
     watch.add_argument("--log", metavar="FILE", help="follow this log file instead of a logdir")
     watch.add_argument(
@@ -65,8 +65,12 @@ def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
 
 
 def state_path(db: str, source: str) -> Path:
-    """Where the watcher of ``source`` keeps its position: beside the store."""
+    """Where the watcher of ``source`` keeps its position: beside the store (for a database
+    server, in the working directory, named by a digest of its password-free URL)."""
     digest = hashlib.sha1(os.path.abspath(source).encode()).hexdigest()[:12]
+    if is_store_url(db):
+        server = hashlib.sha1(store_label(db).encode()).hexdigest()[:12]
+        return Path(f"runwatch-{server}.watch-{digest}.json")
     return Path(f"{db}.watch-{digest}.json")
 
 
@@ -213,7 +217,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
     # read and not yet logged, and the saved position past them.
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in _STOP_SIGNALS}
-    print(f"runwatch watch: following {followed} into {args.db} (Ctrl-C to stop)", file=sys.stderr)
+    print(
+        f"runwatch watch: following {followed} into {store_label(args.db)} (Ctrl-C to stop)",
+        file=sys.stderr,
+    )
     try:
         while not stop.is_set():
             watcher.poll()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from runwatch.extras import require
-from runwatch.store import DEFAULT_STORE
+from runwatch.store import STORE_HELP, default_store, store_label
 
 
 def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
@@ -27,7 +27,7 @@ def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
         "multi-process and multi-node runs push to with runwatch.init(url=..., token=...); "
         "writes the store and runs the same Monitor as in-process runs.",
     )
-    serve.add_argument("--db", default=DEFAULT_STORE, metavar="DB", help="the SQLite store")
+    serve.add_argument("--db", default=default_store(), metavar="DB", help=STORE_HELP)
     serve.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default: loopback)"
     )
@@ -152,7 +152,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     shown = f"[{args.host}]" if ":" in args.host else args.host
     print(
-        f"runwatch serve: http://{shown}:{args.port}/api/v1 (store {args.db}; "
+        f"runwatch serve: http://{shown}:{args.port}/api/v1 (store {store_label(args.db)}; "
         f"API document at /openapi.json)",
         flush=True,
     )
