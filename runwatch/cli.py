@@ -19,7 +19,14 @@ from typing import Any
 
 from runwatch.extras import MissingExtra, require
 from runwatch.model import SEVERITIES, json_plain
-from runwatch.store import STORE_HELP, StoreError, default_store, is_store_url, store_label
+from runwatch.store import (
+    DEFAULT_STORE,
+    STORE_HELP,
+    StoreError,
+    default_store,
+    is_store_url,
+    store_label,
+)
 
 EXIT_OK, EXIT_ANOMALIES, EXIT_USAGE = 0, 1, 2
 
@@ -264,6 +271,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _db_arg(runs)
     runs.add_argument("--format", choices=("table", "json"), default="table")
+
+    mig = sub.add_parser(
+        "migrate",
+        help="move an SQLite store into PostgreSQL (resumable, verified)",
+        description="Copy every run, point, event, anomaly, incident, verdict and alert of "
+        "an SQLite store into a PostgreSQL database, keeping their ids, then verify the copy "
+        "by row counts and checksums. Stopped half-way, the same command resumes it. Stop "
+        "writers to the SQLite file first; the database must be empty or hold this "
+        "migration's earlier part.",
+    )
+    mig.add_argument(
+        "--from",
+        dest="source",
+        default=DEFAULT_STORE,
+        metavar="DB",
+        help=f"the SQLite store (default: {DEFAULT_STORE} here)",
+    )
+    mig.add_argument(
+        "--to", dest="target", required=True, metavar="URL", help="postgresql://user@host/db"
+    )
+    mig.add_argument("--quiet", action="store_true", help="no progress on stderr")
     for module_name in _COMMAND_MODULES:
         _COMMANDS.update(importlib.import_module(module_name).register(sub))
     return parser
@@ -276,7 +304,6 @@ _COMMAND_MODULES = (
     "runwatch.server.cli",
     "runwatch.alerting.cli",
     "runwatch.cli_watch",
-    "runwatch.cli_migrate",
 )
 
 
@@ -536,6 +563,30 @@ def _cmd_forecast(args: argparse.Namespace) -> int:
         return cmd_forecast(args, store)
 
 
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    if not is_store_url(args.target):
+        raise CommandError(f"--to must be a postgresql:// URL, not {args.target!r}")
+    if is_store_url(args.source):
+        raise CommandError("--from must be an SQLite store file")
+    from runwatch.store.postgres_migrate import migrate_store
+
+    def progress(table: str, done: int, total: int) -> None:
+        print(f"\r  {table}: {done:,} / {total:,} rows", end="", file=sys.stderr, flush=True)
+        if done >= total:
+            print(file=sys.stderr)
+
+    report = migrate_store(args.source, args.target, progress=None if args.quiet else progress)
+    rows = sum(report.rows.values())
+    again = " (resumed)" if report.resumed else ""
+    print(
+        f"migrated {args.source} -> {report.target}{again}: {report.rows['runs']:,} runs, "
+        f"{report.points:,} points, {rows:,} rows in {len(report.rows)} tables, "
+        f"{report.seconds:.1f} s ({report.points_per_s:,.0f} points/s); verified: counts "
+        "and checksums equal"
+    )
+    return EXIT_OK
+
+
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": _cmd_demo,
     "import": _cmd_import,
@@ -543,6 +594,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "runs": _cmd_runs,
     "analyze": _cmd_analyze,
     "forecast": _cmd_forecast,
+    "migrate": _cmd_migrate,
 }
 
 if __name__ == "__main__":
