@@ -7,10 +7,11 @@ matches names again.
 from __future__ import annotations
 
 import fnmatch
-import re
 from collections.abc import Callable, Mapping
 
+from runwatch.detect.backsteps import CounterReset, LossScaleDrop
 from runwatch.detect.base import Detector
+from runwatch.detect.names import role_from_name, worse_direction
 from runwatch.detect.nonfinite import NonFinite
 from runwatch.detect.spike import Spike
 
@@ -21,28 +22,13 @@ ROLES: tuple[str, ...] = (
     "throughput",
     "step_time",
     "cpu_wait",
+    "loss_scale",
+    "counter",
+    "index",
     "other",
 )
 TIMING_ROLES: tuple[str, ...] = ("throughput", "step_time")
 """Roles whose points a busy host holds (``runwatch.detect.busy``)."""
-
-# (pattern, role), first match wins; fnmatch patterns on the lower-cased metric name.
-_NAME_RULES: tuple[tuple[str, str], ...] = (
-    ("loss", "loss"),
-    ("train_loss", "loss"),
-    ("val_loss", "loss"),
-    ("*_loss", "loss"),
-    ("grad_norm*", "grad_norm"),
-    ("lr", "lr"),
-    ("learning_rate", "lr"),
-    ("tokens_per_s*", "throughput"),
-    ("samples_per_s*", "throughput"),
-    ("*throughput*", "throughput"),
-    ("tflops*", "throughput"),
-    ("step_time*", "step_time"),
-    ("iteration_time*", "step_time"),
-    ("host_cpu_wait", "cpu_wait"),
-)
 
 
 def role_of(metric: str, overrides: Mapping[str, str] | None = None) -> str:
@@ -59,11 +45,7 @@ def role_of(metric: str, overrides: Mapping[str, str] | None = None) -> str:
         for pattern, role in overrides.items():
             if fnmatch.fnmatchcase(metric, pattern):
                 return role
-    name = metric.lower()
-    for pattern, role in _NAME_RULES:
-        if fnmatch.fnmatchcase(name, pattern):
-            return role
-    return "other"
+    return role_from_name(metric)
 
 
 def _loss() -> list[Detector]:
@@ -114,110 +96,19 @@ DEFAULT_DETECTORS: dict[str, Callable[[], list[Detector]]] = {
     "throughput": _throughput,
     "step_time": _step_time,
     "cpu_wait": _cpu_wait,
+    "loss_scale": lambda: [NonFinite(), LossScaleDrop()],
+    "counter": lambda: [NonFinite(), CounterReset()],
+    "index": lambda: [NonFinite()],
     "other": lambda: _other(None),
 }
 """Role -> factory of a fresh default detector list; NonFinite always comes first. A metric
 of role ``other`` gets :func:`detectors_for`'s list, which its name may narrow."""
-
-# Words in a metric's name that say which way is worse, or that it is an index, a clock or
-# a running total (whose level is no health signal). Whole words of the name, lower case.
-_HIGHER_IS_BETTER = frozenset(
-    [
-        "acc",
-        "accuracy",
-        "reward",
-        "rewards",
-        "return",
-        "returns",
-        "score",
-        "f1",
-        "bleu",
-        "rouge",
-        "rougel",
-        "precision",
-        "recall",
-        "auc",
-        "auroc",
-        "map",
-        "iou",
-        "dice",
-        "em",
-        "exact",
-        "match",
-        "win",
-        "winrate",
-        "pass",
-        "mfu",
-    ]
-)
-_LOWER_IS_BETTER = frozenset(
-    [
-        "ppl",
-        "perplexity",
-        "error",
-        "err",
-        "errors",
-        "wer",
-        "cer",
-        "mse",
-        "mae",
-        "rmse",
-        "nll",
-        "latency",
-        "bpb",
-        "bpc",
-    ]
-)
-_COUNTERS = frozenset(
-    [
-        "epoch",
-        "epochs",
-        "step",
-        "steps",
-        "iteration",
-        "iter",
-        "runtime",
-        "timestamp",
-        "consumed",
-        "total",
-        "seen",
-        "flos",
-    ]
-)
-_WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
-
-
-def name_words(metric: str) -> list[str]:
-    """The lower-case words of a metric name: split at ``/ . _ - ``, spaces and CamelCase.
-
-    >>> name_words("eval/MeanReward"), name_words("val_ppl"), name_words("_runtime")
-    (['eval', 'mean', 'reward'], ['val', 'ppl'], ['runtime'])
-    """
-    return [w.lower() for w in _WORDS.findall(metric)]
-
-
-def worse_direction(metric: str) -> str | None:
-    """Which way ``metric`` gets worse by its name: "up", "down", or None when it does not say;
-    "counter" for an index, a clock or a running total (not judged by its level).
-
-    >>> [worse_direction(m) for m in ("eval_accuracy", "val_ppl", "kl", "consumed_samples")]
-    ['down', 'up', None, 'counter']
-    """
-    words = set(name_words(metric))
-    if words & _COUNTERS:
-        return "counter"
-    better, worse = bool(words & _HIGHER_IS_BETTER), bool(words & _LOWER_IS_BETTER)
-    if better == worse:
-        return None
-    return "down" if better else "up"
 
 
 def _other(metric: str | None) -> list[Detector]:
     from runwatch.detect.change import Change
 
     direction = worse_direction(metric) if metric is not None else None
-    if direction == "counter":
-        return [NonFinite()]
     if direction is None:
         return [NonFinite(), Change("up"), Change("down")]
     return [NonFinite(), Change(direction)]
@@ -226,7 +117,7 @@ def _other(metric: str | None) -> list[Detector]:
 def detectors_for(role: str, metric: str) -> list[Detector]:
     """A fresh default detector list for ``metric`` of ``role``: the role's, and for a metric
     of no known role, rises and drops in the direction its name calls worse (both when it
-    does not say; none when it is a counter or a clock).
+    does not say).
 
     >>> [d.name for d in detectors_for("other", "reward_mean")]
     ['nonfinite', 'drop']
