@@ -13,7 +13,7 @@ within one attempt a repeated step keeps its last value.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -76,6 +76,10 @@ class BlockAppender:
             self._insert(series_id, attempt, steps[start:], times[start:], values[start:], False)
             pending += n - start
         self._unsealed[key] = pending
+
+    def prepare(self, attempt: int, points: Mapping[int, PointArrays]) -> None:
+        """Called inside the transaction before a write appends ``points`` (series id ->
+        arrays); a backend with costly round trips reads what the appends need in one go."""
 
     def forget(self) -> None:
         """Drop cached counts (after a rollback they may be wrong)."""

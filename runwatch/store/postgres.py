@@ -24,6 +24,8 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import numpy as np
+
 from runwatch.store.errors import SchemaTooNewError, StoreError
 from runwatch.store.points import BlockAppender
 from runwatch.store.schema import MIGRATIONS, SCHEMA_VERSION
@@ -447,8 +449,12 @@ class _translated_errors:
 
 
 class CopyBlockAppender(BlockAppender):
-    """:class:`BlockAppender` whose inserts wait in memory and go in by one COPY at commit
-    (or before the appender reads the table back, when a series' blocks are sealed)."""
+    """:class:`BlockAppender` whose inserts wait in memory and go in by one COPY at commit.
+
+    Before a write, :meth:`prepare` learns in one query how many unsealed points each new
+    series has, and reads (and deletes) in one more the unsealed blocks of every series the
+    write will seal, so a write costs a fixed number of round trips, not two per series.
+    """
 
     COLUMNS = ("series_id", "attempt", "min_step", "max_step", "n", "sealed", "data", "summary")
     TYPES = ("int8", "int8", "int8", "int8", "int8", "int8", "bytea", "bytea")
@@ -456,6 +462,46 @@ class CopyBlockAppender(BlockAppender):
     def __init__(self, conn: PgConnection) -> None:
         super().__init__(conn)  # type: ignore[arg-type]
         self._rows: list[tuple[Any, ...]] = []
+        self._taken: dict[tuple[int, int], Any] = {}
+
+    def prepare(self, attempt: int, points: Any) -> None:
+        from runwatch.store.codec import decode_block
+        from runwatch.store.points import SEAL_POINTS
+
+        if self._rows:  # an earlier write in this transaction: let the generic path run
+            return
+        unknown = [sid for sid in points if (sid, attempt) not in self._unsealed]
+        if unknown:
+            found = dict(
+                self._conn.execute(
+                    "SELECT series_id, SUM(n) FROM point_blocks WHERE attempt = ? "
+                    "AND sealed = 0 AND series_id = ANY(?) GROUP BY series_id",
+                    (attempt, unknown),
+                ).fetchall()
+            )
+            for sid in unknown:
+                self._unsealed[(sid, attempt)] = int(found.get(sid, 0))
+        sealing = [
+            sid
+            for sid, arrays in points.items()
+            if self._unsealed[(sid, attempt)] > 0
+            and self._unsealed[(sid, attempt)] + len(arrays[0]) >= SEAL_POINTS
+        ]
+        if not sealing:
+            return
+        rows = self._conn.execute(
+            "DELETE FROM point_blocks WHERE attempt = ? AND sealed = 0 AND series_id = ANY(?) "
+            "RETURNING id, series_id, data",
+            (attempt, sealing),
+        ).fetchall()
+        parts: dict[int, list[tuple[int, Any]]] = {}
+        for block_id, sid, data in rows:
+            parts.setdefault(sid, []).append((block_id, decode_block(data)))
+        for sid, blocks in parts.items():
+            decoded = [d for _, d in sorted(blocks, key=lambda b: b[0])]
+            self._taken[(sid, attempt)] = tuple(
+                np.concatenate([d[i] for d in decoded]) for i in range(3)
+            )
 
     def _insert(self, series_id, attempt, steps, times, values, sealed):  # type: ignore[no-untyped-def]
         from runwatch.store.codec import encode_block
@@ -474,21 +520,25 @@ class CopyBlockAppender(BlockAppender):
             )
         )
 
-    def flush(self) -> None:
-        if self._rows:
-            rows, self._rows = self._rows, []
-            self._conn.copy_rows("point_blocks", self.COLUMNS, self.TYPES, rows)  # type: ignore[attr-defined]
-
     def _count_unsealed(self, series_id: int, attempt: int) -> int:
         self.flush()
         return super()._count_unsealed(series_id, attempt)
 
     def _take_unsealed(self, series_id: int, attempt: int):  # type: ignore[no-untyped-def]
+        taken = self._taken.pop((series_id, attempt), None)
+        if taken is not None:
+            return taken
         self.flush()
         return super()._take_unsealed(series_id, attempt)
 
+    def flush(self) -> None:
+        if self._rows:
+            rows, self._rows = self._rows, []
+            self._conn.copy_rows("point_blocks", self.COLUMNS, self.TYPES, rows)  # type: ignore[attr-defined]
+
     def forget(self) -> None:
         self._rows.clear()
+        self._taken.clear()
         super().forget()
 
 

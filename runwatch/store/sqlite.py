@@ -463,6 +463,7 @@ class Store(
                 if t is not None:
                     last_time = t if last_time is None else max(last_time, t)
         with self.transaction() as conn:
+            self._appender.prepare(attempt, points)
             for sid, arrays in points.items():
                 self._appender.append(sid, attempt, arrays)
             for event in events:

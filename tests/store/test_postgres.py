@@ -128,3 +128,37 @@ def test_bytea_blocks_hold_the_codec_bytes_and_sql_dialect_is_shared(pg_url):
         ).fetchall()
         assert kinds == [("bytea", 1), ("bytea", 0)]
         assert store.enqueue_alerts([("k1", "c", "{}", "s"), ("k1", "c", "{}", "s")]) == 1
+
+
+@pytest.mark.parametrize("one_transaction", [False, True])
+def test_writes_that_seal_many_series_at_once_read_back_exactly(pg_url, one_transaction):
+    """The batched seal (one count query, one DELETE ... RETURNING per write) and, inside
+    one outer transaction, the per-series path must both keep every point once, in order."""
+    rng = np.random.default_rng(1)
+    with open_store(pg_url) as store:
+        run_id, attempt = store.start_run("r")
+        sids = [store.series_id(run_id, f"m{i}", {"rank": 0}) for i in range(8)]
+        values = {sid: rng.normal(size=5 * 2000) for sid in sids}
+
+        def write_all() -> None:
+            for b in range(5):
+                steps = np.arange(b * 2000, (b + 1) * 2000)
+                store.write(
+                    run_id,
+                    attempt,
+                    {sid: (steps, steps * 1.0, values[sid][steps]) for sid in sids},
+                )
+
+        if one_transaction:
+            with store.transaction():
+                write_all()
+        else:
+            write_all()
+        for i, sid in enumerate(sids):
+            got = store.read_series("r", f"m{i}", {"rank": 0})
+            assert got["step"].tolist() == list(range(10_000))
+            assert np.array_equal(got["value"].to_numpy(), values[sid])
+        sealed = store._conn.execute(
+            "SELECT COUNT(*) FROM point_blocks WHERE sealed = 1"
+        ).fetchone()[0]
+    assert sealed == 8 * 2  # 10,000 points per series: two sealed blocks of 4,096 each
