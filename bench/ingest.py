@@ -1,6 +1,14 @@
 """Ingest server benchmark: many ranks, a peak rate, and a SIGKILL in the middle.
 
     python bench/ingest.py [--ranks 256] [--duration 300] [--kill-duration 60] [--peak-duration 10]
+    python bench/ingest.py --db sqlite --db pg-local --phases peak,migrate --peak-no-detect
+
+``--db`` picks the store(s), each phase running once per store in the same run: ``sqlite`` (a
+fresh file per phase, the default), ``pg-local`` (a throwaway PostgreSQL cluster started here,
+fsync on, one fresh database per phase) or a ``postgresql://`` URL (every phase into that
+database; run names carry the time, so runs of the bench do not collide). The ``migrate``
+phase (PostgreSQL only) writes ``--migrate-points`` points into an SQLite store and times
+``runwatch migrate`` of it into a fresh database, verification included.
 
 Three phases, each against a real ``runwatch serve`` subprocess on 127.0.0.1 (live detection
 on, as shipped), on this 2-core machine, clients and server sharing the cores:
@@ -45,13 +53,13 @@ METRICS = [f"step_time_{i}" if i < 2 else f"gpu_metric_{i}" for i in range(20)]
 
 
 class Server:
-    def __init__(self, db: Path, *extra: str) -> None:
+    def __init__(self, db: str, root: Path, *extra: str) -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.db, self.extra = db, extra
-        self.token_file = db.with_suffix(".token")
+        self.token_file = root / f"server-{self.port}.token"
         self.token_file.write_text(TOKEN)
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -195,9 +203,9 @@ def _run_ranks(server: Server, name: str, args, duration: float, kill_at: float 
     return results, sampler
 
 
-def _verify(db: Path, name: str, expected_per_series: int) -> tuple[int, int, int, bool]:
+def _verify(db: str, name: str, expected_per_series: int) -> tuple[int, int, int, bool]:
     """(series, points stored, series with a wrong count, every series in step order)."""
-    with Store(str(db), readonly=True) as store:
+    with Store(db, readonly=True) as store:
         series = store.series(name)
         wrong = int((series["points"] != expected_per_series).sum())
         ordered = True
@@ -210,7 +218,7 @@ def _verify(db: Path, name: str, expected_per_series: int) -> tuple[int, int, in
     return len(series), int(series["points"].sum()), wrong, ordered
 
 
-def _peak_worker(url: str, worker: int, duration: float, out) -> None:
+def _peak_worker(url: str, name: str, worker: int, duration: float, out) -> None:
     n, k = 2000, 64
     rng = np.random.default_rng(worker)
     series = ",".join(
@@ -229,7 +237,7 @@ def _peak_worker(url: str, worker: int, duration: float, out) -> None:
     client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
     cid = f"peak-{worker}"
     run = client.post(
-        "/api/v1/runs", json={"name": "peak", "client_id": cid, "launch_id": "p"}
+        "/api/v1/runs", json={"name": name, "client_id": cid, "launch_id": "p"}
     ).json()
     points, seq, deadline = 0, 0, time.monotonic() + duration
     t0 = time.monotonic()
@@ -251,12 +259,12 @@ def _peak_worker(url: str, worker: int, duration: float, out) -> None:
     out.put((points, time.monotonic() - t0, len(series)))
 
 
-def _peak(server: Server, duration: float, workers: int):
+def _peak(server: Server, name: str, duration: float, workers: int):
     queue: mp.Queue = mp.Queue()
     sampler = Sampler(server)
     sampler.start()
     procs = [
-        mp.Process(target=_peak_worker, args=(server.url, w, duration, queue))
+        mp.Process(target=_peak_worker, args=(server.url, name, w, duration, queue))
         for w in range(workers)
     ]
     for p in procs:
@@ -280,6 +288,12 @@ def main() -> None:
     parser.add_argument("--peak-workers", type=int, default=3)
     parser.add_argument("--phases", default="steady,kill,peak")
     parser.add_argument(
+        "--db",
+        action="append",
+        help="sqlite (default), pg-local, or a postgresql:// URL; repeat to compare stores",
+    )
+    parser.add_argument("--migrate-points", type=int, default=10_000_000)
+    parser.add_argument(
         "--peak-no-detect",
         action="store_true",
         help="peak phase with `serve --no-detect` (store only)",
@@ -290,86 +304,173 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="runwatch-bench-ingest-"))
     rows: list[tuple[str, str, str]] = []
-    phases = args.phases.split(",")
     print(
         f"# runwatch ingest bench: {args.ranks} ranks as threads (one Run + writer + "
         f"connection each) in {args.procs} processes; {len(METRICS)} points/step at 5 steps/s; "
         f"{os.cpu_count()} cores shared by clients and server",
         flush=True,
     )
+    cluster = None
+    try:
+        for db in args.db or ["sqlite"]:
+            if db == "pg-local":
+                from runwatch.store.postgres_local import LocalCluster
 
+                if cluster is None:
+                    cluster = LocalCluster(fsync=True).start()
+                fresh = _pg_local_databases(cluster)
+                label = "postgresql"
+            elif db == "sqlite":
+                fresh = _sqlite_files(root)
+                label = "sqlite"
+            else:
+                fresh = _same_url(db)
+                label = "postgresql"
+            _run_phases(args, root, label, fresh, rows)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    _print(rows, final=True)
+
+
+def _sqlite_files(root: Path):
+    return lambda phase: str(root / f"{phase}.db")
+
+
+def _pg_local_databases(cluster):
+    count = iter(range(1_000_000))
+    return lambda phase: cluster.create_database(f"bench_{phase}_{next(count)}")
+
+
+def _same_url(url: str):
+    return lambda phase: url
+
+
+def _run_phases(args, root: Path, label: str, fresh, rows: list[tuple[str, str, str]]) -> None:
+    phases = args.phases.split(",")
+    tag = time.strftime("%H%M%S")
     if "steady" in phases:
-        server = Server(root / "steady.db", *(["--no-detect"] if args.no_detect else []))
+        name = f"steady-{tag}"
+        server = Server(fresh("steady"), root, *(["--no-detect"] if args.no_detect else []))
         server.start()
-        results, sampler = _run_ranks(server, "steady", args, args.duration)
+        results, sampler = _run_ranks(server, name, args, args.duration)
         server.stop()
         lat = np.array([x for r in results for x in r["latencies"]]) * 1e3
         logged = sum(r["logged"] for r in results)
-        n_series, stored, wrong, ordered = _verify(server.db, "steady", results[0]["steps"])
+        n_series, stored, wrong, ordered = _verify(server.db, name, results[0]["steps"])
         rows += [
             (
-                "steady: duration",
+                f"{label} steady: duration",
                 f"{args.duration:.0f} s",
                 "live detection " + ("off" if args.no_detect else "on"),
             ),
             (
-                "steady: points logged / stored",
+                f"{label} steady: points logged / stored",
                 f"{logged:,} / {stored:,}",
                 f"lost {logged - stored:,}, dropped {sum(r['dropped'] for r in results)}",
             ),
-            ("steady: series with a wrong count", f"{wrong} of {n_series}", f"in order: {ordered}"),
-            ("steady: ingest rate", f"{logged / args.duration:,.0f} points/s", ""),
             (
-                "steady: batch POST latency p50 / p99",
+                f"{label} steady: series with a wrong count",
+                f"{wrong} of {n_series}",
+                f"in order: {ordered}",
+            ),
+            (f"{label} steady: ingest rate", f"{logged / args.duration:,.0f} points/s", ""),
+            (
+                f"{label} steady: batch POST latency p50 / p99",
                 f"{np.percentile(lat, 50):.1f} / {np.percentile(lat, 99):.1f} ms",
                 f"{len(lat):,} batches",
             ),
             (
-                "steady: server CPU mean / max",
+                f"{label} steady: server CPU mean / max",
                 f"{np.mean(sampler.cpu):.0f}% / {np.max(sampler.cpu):.0f}%",
                 "% of one core",
             ),
-            ("steady: server RSS max", f"{max(sampler.rss) / 2**20:.0f} MiB", ""),
+            (f"{label} steady: server RSS max", f"{max(sampler.rss) / 2**20:.0f} MiB", ""),
         ]
-        _print(rows)
 
     if "kill" in phases:
-        server = Server(root / "kill.db", *(["--no-detect"] if args.no_detect else []))
+        name = f"kill-{tag}"
+        server = Server(fresh("kill"), root, *(["--no-detect"] if args.no_detect else []))
         server.start()
-        results, _ = _run_ranks(server, "kill", args, args.kill_duration, args.kill_duration / 3)
+        results, _ = _run_ranks(server, name, args, args.kill_duration, args.kill_duration / 3)
         server.stop()
         logged = sum(r["logged"] for r in results)
-        n_series, stored, wrong, ordered = _verify(server.db, "kill", results[0]["steps"])
+        n_series, stored, wrong, ordered = _verify(server.db, name, results[0]["steps"])
         rows += [
-            ("kill: SIGKILL at / restart after", f"{args.kill_duration / 3:.0f} s / 10 s", ""),
             (
-                "kill: points logged / stored",
+                f"{label} kill: SIGKILL at / restart after",
+                f"{args.kill_duration / 3:.0f} s / 10 s",
+                "",
+            ),
+            (
+                f"{label} kill: points logged / stored",
                 f"{logged:,} / {stored:,}",
                 f"lost or doubled {abs(logged - stored):,}",
             ),
             (
-                "kill: series with a wrong count",
+                f"{label} kill: series with a wrong count",
                 f"{wrong} of {n_series}",
                 f"each series steps 0..N-1 once, in order: {ordered}",
             ),
         ]
-        _print(rows)
 
     if "peak" in phases:
-        server = Server(root / "peak.db", *(["--no-detect"] if args.peak_no_detect else []))
+        server = Server(fresh("peak"), root, *(["--no-detect"] if args.peak_no_detect else []))
         server.start()
-        rate, body, sampler = _peak(server, args.peak_duration, args.peak_workers)
+        rate, body, sampler = _peak(server, f"peak-{tag}", args.peak_duration, args.peak_workers)
         server.stop()
         rows += [
-            ("peak: live detection", "off" if args.peak_no_detect else "on", ""),
+            (f"{label} peak: live detection", "off" if args.peak_no_detect else "on", ""),
             (
-                "peak: points/s stored",
+                f"{label} peak: points/s stored",
                 f"{rate:,.0f}",
                 f"{args.peak_workers} clients, 128,000 points per {body / 2**20:.1f} MiB JSON body",
             ),
-            ("peak: server CPU mean", f"{np.mean(sampler.cpu):.0f}%", "% of one core"),
+            (f"{label} peak: server CPU mean", f"{np.mean(sampler.cpu):.0f}%", "% of one core"),
         ]
-    _print(rows, final=True)
+
+    if "migrate" in phases and label == "postgresql":
+        rows += _migrate_phase(args, root, fresh("migrate"))
+    print(f"# {label}: done", flush=True)
+
+
+def _migrate_phase(args, root: Path, url: str) -> list[tuple[str, str, str]]:
+    """Write ``--migrate-points`` points (100 series, 1 Hz steps) into SQLite; migrate them."""
+    from runwatch.store.postgres_migrate import migrate_store
+
+    source = str(root / f"migrate-source-{time.time_ns()}.db")
+    n_series = 100
+    per = args.migrate_points // n_series
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    with Store(source) as store:
+        run_id, attempt = store.start_run("migrate")
+        sids = [store.series_id(run_id, f"m{i % 20}", {"rank": i // 20}) for i in range(n_series)]
+        chunk = 20_000
+        for lo in range(0, per, chunk):
+            steps = np.arange(lo, min(lo + chunk, per))
+            times = 1.7e9 + steps.astype(float)
+            store.write(
+                run_id,
+                attempt,
+                {sid: (steps, times, rng.normal(size=len(steps)).round(5)) for sid in sids},
+            )
+    written = time.perf_counter() - t0
+    size = Path(source).stat().st_size
+    report = migrate_store(source, url)
+    return [
+        (
+            "postgresql migrate: points",
+            f"{report.points:,}",
+            f"{n_series} series; SQLite file {size / 2**20:.0f} MiB, written in {written:.0f} s",
+        ),
+        (
+            "postgresql migrate: points/s",
+            f"{report.points_per_s:,.0f}",
+            f"{report.seconds:.1f} s, copy and verification (counts, SHA-256 per table)",
+        ),
+        ("postgresql migrate: verified", str(report.verified), "; ".join(report.mismatches)),
+    ]
 
 
 def _print(rows: list[tuple[str, str, str]], final: bool = False) -> None:
