@@ -93,6 +93,35 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+class RedactedURL(str):
+    """A database URL that reads as its redacted form but still opens the database.
+
+    ``PostgresStore.path`` is one: every message, log line and f-string that names the store
+    shows ``***`` for the password, while code that reopens the store from its path (the
+    server's live detection does ``Store(store.path)``) still connects. Any string made from
+    it (``str()``, concatenation) is the redacted text only.
+
+    >>> u = RedactedURL("postgresql://me:pw@db/rw")
+    >>> f"{u}", u.secret
+    ('postgresql://me:***@db/rw', 'postgresql://me:pw@db/rw')
+    """
+
+    secret: str
+
+    def __new__(cls, url: str) -> RedactedURL:
+        if isinstance(url, RedactedURL):
+            return url
+        self = super().__new__(cls, redact_url(url))
+        self.secret = url
+        return self
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RedactedURL, (self.secret,))
+
+
 # -- the SQL dialect ----------------------------------------------------------------------------
 _INSERT_TABLE = re.compile(r"^\s*INSERT\s+INTO\s+(\w+)", re.IGNORECASE)
 
@@ -546,8 +575,8 @@ class PostgresStore(Store):
     """A runwatch store in a PostgreSQL database (created, and migrated, on open)."""
 
     def __init__(self, path: str, *, readonly: bool = False, busy_timeout_s: float = 5.0) -> None:
-        self.url = str(path)
-        self.path = redact_url(self.url)
+        self.path = RedactedURL(path)
+        self.url = self.path.secret
         self.readonly = readonly
         self._lock = threading.RLock()
         self._series_ids = {}

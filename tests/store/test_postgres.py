@@ -162,3 +162,15 @@ def test_writes_that_seal_many_series_at_once_read_back_exactly(pg_url, one_tran
             "SELECT COUNT(*) FROM point_blocks WHERE sealed = 1"
         ).fetchone()[0]
     assert sealed == 8 * 2  # 10,000 points per series: two sealed blocks of 4,096 each
+
+
+def test_the_store_path_shows_no_password_but_reopens_the_database(pg_url, pg_cluster):
+    """The server's live detection reopens the store from ``store.path``: that must connect,
+    while every message made from the path shows ``***``."""
+    with open_store(pg_url) as store:
+        store.start_run("r")
+        path = store.path
+        assert pg_cluster.password not in f"{path} {path!s} {[path]}"
+        assert ":***@" in str(path)
+    with open_store(path, readonly=True) as again:
+        assert again.runs()["name"].tolist() == ["r"]
