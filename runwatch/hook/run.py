@@ -1,10 +1,13 @@
 """``runwatch.init()`` and the ``Run`` it returns: the logging hook in the training loop.
 
 ``run.log`` is the hot path and does the least possible (sentry-python's habit): it computes
-the step, checks one bound, copies the dict and puts it on an unbounded ``SimpleQueue`` whose
-size it tracks itself (``Queue`` with a real bound costs a lock and a condition per call, five
-times the budget). It never blocks and never raises into the training loop: a full queue, a
-finished run or a forked child count the call as dropped, by reason. Values are checked in the
+the step, checks one bound, copies the dict and appends it to a ``deque`` whose size it tracks
+itself (``Queue`` with a real bound costs a lock and a condition per call, five times the
+budget). No thread waits on that deque: the writer drains it on its own clock
+(``runwatch.hook.drain``), so a call never wakes a thread that would then take the GIL from
+the training loop. Only a backlog past half the bound wakes the writer early. It never blocks
+and never raises into the training loop: a full queue, a finished run or a forked child count
+the call as dropped, by reason. Values are checked in the
 writer thread, so a tensor is read there (``.item()``) -- log ``loss.detach()`` rather than a
 tensor you update in place.
 
@@ -39,9 +42,17 @@ from runwatch.store import DEFAULT_STORE, RunExistsError
 log = logging.getLogger("runwatch.hook")
 
 _now = time.time
+EMBEDDED_FLUSH_S = 0.08
+"""Seconds between the writer's drains into a local store: points are there within 0.1 s."""
+SERVER_FLUSH_S = 0.25
+"""Seconds between the writer's posts to ``runwatch serve``."""
 _PLAIN = frozenset({str, int, float, bool, type(None)})
 _current: Run | None = None
 _live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
+
+
+def _nothing() -> None:
+    """The writer's wake before there is a writer."""
 
 
 def current_run() -> Run | None:
@@ -87,7 +98,7 @@ class Run:
         resume: bool | None = None,
         labels: Mapping[str, Any] | None = None,
         max_pending_points: int = 2_000_000,
-        flush_interval: float = 0.25,
+        flush_interval: float | None = None,
         finish_timeout: float = 60.0,
         store_retries: int = 3,
         monitor: bool | Mapping[str, str] = True,
@@ -119,11 +130,15 @@ class Run:
         self._drops = DropCounter()
         self._flow = Flow()
         self._max_pending = max_pending_points
+        # Past this backlog (points) the call takes the slow path: it wakes the writer early,
+        # and past max_pending it drops. One comparison on the hot path either way.
+        self._wake_at = max_pending_points // 2
         self._next_step = 0
         self._accepting = False
         self._closed_reason = "worker_dead"
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._put = self._queue.put
+        self._wake: Callable[[], None] = _nothing
         self._context_given: Any = None  # a copy of the last context= that was queued
         self._writer: Writer | None = None
         self._backend: Backend | None = None
@@ -173,8 +188,11 @@ class Run:
         # exists (their threads open it too), so the writer's loop never asks; a bad rules
         # file fails init.
         sink = None
+        embedded = isinstance(self._backend, StoreBackend)
+        # The writer's clock: a local store has the points within 0.1 s; a server keeps
+        # the request rate it had (hundreds of ranks post to one server).
+        default_interval = EMBEDDED_FLUSH_S if embedded else SERVER_FLUSH_S
         if self._extras is not None:
-            embedded = isinstance(self._backend, StoreBackend)
             sink = self._extras.start(self, self.run_id, self.store_path, embedded)
         self._writer = Writer(
             backend=self._backend,
@@ -183,13 +201,14 @@ class Run:
             keep_metric=keep_metric,
             flow=self._flow,
             drops=self._drops,
-            flush_interval=flush_interval,
+            flush_interval=flush_interval if flush_interval is not None else default_interval,
             retries=store_retries,
             sink=sink,
             cpu_wait=CpuWait.open() if cpu_wait else None,
         )
         # The hot path puts straight on the writer's queue: run.log bounds and counts itself.
         self._put = self._writer.worker.put
+        self._wake = self._writer.worker.wake
         if not self._writer.worker.start():  # interpreter shutting down: disabled, logged
             return
         self._accepting = True
@@ -226,13 +245,21 @@ class Run:
                 return
             flow = self._flow
             queued = flow.queued + n
-            if queued - flow.drained > self._max_pending:
-                self._drops.add("queue_full", n)
+            if queued - flow.drained > self._wake_at and self._backlogged(queued, n):
                 return
             flow.queued = queued
             self._put((step, _now(), data.copy()))
         except Exception:
             self._refuse_call(data, step)
+
+    def _backlogged(self, queued: int, n: int) -> bool:
+        """Past half the bound: wake the writer (it drains now, not at its next tick); past
+        the bound: drop the call, counted. True when it was dropped."""
+        self._wake()
+        if queued - self._flow.drained > self._max_pending:
+            self._drops.add("queue_full", n)
+            return True
+        return False
 
     def log_labeled(
         self, data: Mapping[str, Any], labels: Mapping[str, Any], step: int | None = None
@@ -300,8 +327,7 @@ class Run:
             update = None
         flow = self._flow
         queued = flow.queued + n
-        if queued - flow.drained > self._max_pending:
-            self._drops.add("queue_full", n)
+        if queued - flow.drained > self._wake_at and self._backlogged(queued, n):
             if update is not None:  # the points are dropped, the context still holds
                 update.log = None
                 self._put(update)
@@ -497,6 +523,11 @@ def init(
         uses a rules file (``runwatch.alerting``); ``alert_timeout`` (default 10 s) bounds
         how long ``finish()`` waits for pending alerts; ``prometheus_port=P`` serves
         ``/metrics`` on 127.0.0.1:P (0 picks a free port).
+    flush_interval
+        Seconds between the writer thread's drains and writes (default 0.08 into a local
+        store, so points are there within 0.1 s; 0.25 to a server). ``run.log`` never wakes
+        the writer: it drains on this clock, or early when the backlog passes half of
+        ``max_pending_points``.
     system_metrics, system_metrics_interval
         Poll NVML and the host every ``system_metrics_interval`` s (default 10).
     cpu_wait

@@ -2,9 +2,13 @@
 
 Everything ``run.log`` skipped happens here: step and name checks, value coercion (including
 ``.item()`` on tensors), grouping by series, restart detection (a step lower than the last
-starts a new attempt), and one store transaction per flush. A flush happens every
-``flush_interval`` seconds or when ``max_batch_points`` are buffered, so a point waits at most
-about ``flush_interval`` plus one write before it is durable.
+starts a new attempt), and one store transaction per flush. The thread wakes on its own clock
+(:class:`runwatch.hook.drain.Drain`, never on a ``run.log``) every ``flush_interval`` seconds,
+takes what is queued and writes it, and writes at once when ``max_batch_points`` are
+buffered, so a point waits at most about ``flush_interval`` plus one write before it is
+durable. The common call (plain int step, float values, the same names as its neighbours) is
+taken a whole run of calls at a time, column by column (:meth:`Writer._take_many`), so the
+writer holds the GIL about half a microsecond per call.
 
 A backend that fails (a store locked, read-only or on a full disk; a server down) is retried
 with backoff a bounded number of times; then the batch is dropped and counted under the
@@ -16,12 +20,13 @@ step, and keeps a row (:class:`~runwatch.store.context.StepContext`) only when t
 context differs from the last one kept, so an unchanged context costs nothing downstream.
 
 The thread, its queue, the stop and the two-phase wait at finish are a
-:class:`runwatch.worker.Worker`; this module is its handler (``_take``, one queued call) and
-its tick (``_flush``).
+:class:`runwatch.hook.drain.Drain`; this module is its handler (``_take_many``, the queued
+calls) and its tick (``_flush``).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import operator
 import random
@@ -35,6 +40,7 @@ import numpy as np
 from runwatch.guard import Guard
 from runwatch.hook.backend import Backend, BackendError
 from runwatch.hook.cpu_wait import CPU_WAIT_METRIC, CpuWait
+from runwatch.hook.drain import Drain
 from runwatch.hook.drops import DropCounter
 from runwatch.hook.values import RefusedValue, name_problem, to_float
 from runwatch.model import Event, SeriesBatch, SeriesPoints
@@ -45,12 +51,16 @@ from runwatch.store.context import (
     StepContext,
     context_problem,
 )
-from runwatch.worker import Worker
 
 log = logging.getLogger("runwatch.hook")
 
 _REFUSED_NAME = object()
 _OTHER_RANKS_METRIC = object()
+_NUMBERS = frozenset({float, int})  # what the column path takes; the rest goes one by one
+_chain = itertools.chain.from_iterable
+CPU_WAIT_INTERVAL_S = 0.25
+"""Seconds between CPU wait samples: as before the writer drained on its own clock, because
+the busy-host detector counts its quiet time in samples (``runwatch.detect.busy``)."""
 
 
 class BatchSink(Protocol):
@@ -118,7 +128,7 @@ class Writer:
         labels: dict[str, Any],
         flow: Flow,
         drops: DropCounter,
-        flush_interval: float = 0.25,
+        flush_interval: float = 0.08,
         max_batch_points: int = 250_000,
         retries: int = 3,
         retry_backoff: float = 0.1,
@@ -129,6 +139,8 @@ class Writer:
     ) -> None:
         self._backend = backend
         self._cpu_wait = cpu_wait
+        self._clock = clock
+        self._cpu_wait_due = clock() + CPU_WAIT_INTERVAL_S
         self._interval_step: int | None = None  # the first step logged since the last flush
         self.attempt = attempt
         self._labels = labels
@@ -145,6 +157,7 @@ class Writer:
             # Monitor knows a step's CPU wait before it judges the step's time.
             self._buffers[CPU_WAIT_METRIC] = _SeriesBuffer(CPU_WAIT_METRIC, labels)
         self._events: list[Event] = []
+        self._unjudged: list[tuple[SeriesBatch, list[Event]]] = []  # written, not yet judged
         self._contexts: list[StepContext] = []
         self._context: dict[str, Any] = {}  # the step context in force
         self._context_kept: dict[str, Any] | None = None  # the last one stored
@@ -153,27 +166,114 @@ class Writer:
         self._buffered = 0
         self._sink_guard = Guard("feeding live detection a batch", log)
         self.last_step: int | None = None
-        # Flushed every flush_interval s, when a batch is full, on run.flush() and at the
-        # stop. The first flush has a random phase, so that hundreds of ranks started
-        # together do not all flush (and post to the server) at the same instant.
-        self.worker = Worker(
+        # Drained and flushed every flush_interval s, when a batch is full, on run.flush()
+        # and at the stop. The first drain has a random phase, so that hundreds of ranks
+        # started together do not all flush (and post to the server) at the same instant.
+        self.worker = Drain(
             "runwatch-writer",
-            self._take,
+            self._take_many,
             tick=self._flush,
+            flush=self._flush_all,
             interval=flush_interval,
             first_tick=flush_interval * (0.5 + random.random()),
             on_stop=self._last_flush,
             drops=drops,
             backlog=self._unwritten,
             unit="points",
-            clock=clock,
             logger=log,
         )
 
     def _unwritten(self) -> int:
         return self._flow.queued - self._flow.written
 
-    # -- one queued item (on the worker's thread) ----------------------------------------------
+    # -- the queued calls (on the worker's thread) ---------------------------------------------
+    def _take_many(self, items: list[Any]) -> bool:
+        """Take the queued calls in order; True when the batch is full (flush at once).
+
+        Runs of plain ``run.log`` calls with the same names go by :meth:`_take_columns`;
+        anything else (events, context, collectors, odd steps or values) one by one."""
+        start = 0
+        n = len(items)
+        while start < n:
+            end = start
+            while end < n and type(items[end]) is tuple and len(items[end]) == 3:
+                end += 1
+            if end - start > 1:
+                self._take_run(items[start:end] if start or end < n else items)
+            elif end > start:
+                self._take_one(items[start])
+            if end < n:
+                self._take_one(items[end])
+                end += 1
+            start = end
+        return self._buffered >= self._max_batch
+
+    def _take_one(self, item: Any) -> None:
+        try:
+            self._take(item)
+        except Exception as exc:  # one bad item, logged and counted; the rest go on
+            self.worker.errors.report(exc)
+
+    def _take_run(self, run: list[tuple[Any, float, dict[Any, Any]]]) -> None:
+        """Plain ``run.log`` calls: split where the names change, each part by columns."""
+        keys = list(map(tuple, (item[2] for item in run)))
+        first = keys[0]
+        if keys.count(first) == len(keys):
+            if not self._take_columns(run, first):
+                for item in run:
+                    self._take_one(item)
+            return
+        start = 0
+        for i in range(1, len(keys) + 1):
+            if i == len(keys) or keys[i] != keys[start]:
+                part = run[start:i]
+                if len(part) == 1 or not self._take_columns(part, keys[start]):
+                    for item in part:
+                        self._take_one(item)
+                start = i
+
+    def _take_columns(self, run: list[tuple[Any, float, dict[Any, Any]]], names: tuple) -> bool:
+        """Calls with the same ``names``, int steps that never go back and float or int
+        values, taken column by column in C loops; False (nothing taken) when the run is
+        not that, and the calls go one by one."""
+        if self._context_pending is not None or not names:
+            return False
+        steps = [item[0] for item in run]
+        if set(map(type, steps)) != {int}:
+            return False
+        low = steps[0] if self.last_step is None else self.last_step
+        if steps[0] < low or steps[0] < 0 or steps != sorted(steps):
+            return False
+        flat = list(_chain(item[2].values() for item in run))
+        if not set(map(type, flat)) <= _NUMBERS:
+            return False
+        k = len(names)
+        try:
+            columns = np.array(flat, dtype=np.float64).reshape(-1, k).T.tolist()
+        except (OverflowError, ValueError, TypeError):  # an int too large for a float
+            return False
+        n = len(run)
+        self._flow.drained += n * k
+        self.last_step = steps[-1]
+        if self._interval_step is None:
+            self._interval_step = steps[0]
+        times = [item[1] for item in run]
+        buffers = self._buffers
+        for name, values in zip(names, columns, strict=True):
+            buf = buffers.get(name)
+            if buf is None:
+                buf = self._new_buffer(name, name, self._labels)
+            if buf is _REFUSED_NAME:
+                self._drops.add("bad_name", n)
+                continue
+            if buf is _OTHER_RANKS_METRIC:
+                continue
+            buf.steps.extend(steps)
+            buf.times.extend(times)
+            buf.values.extend(values)
+        self._buffered += n * k
+        return True
+
     def _take(self, item: Any) -> bool:
         """Take one queued call; True when the batch is full (the worker flushes at once)."""
         if type(item) is tuple:
@@ -336,7 +436,7 @@ class Writer:
 
     def _restart(self, step: int) -> None:
         """The step went back: the process resumed from a checkpoint; start a new attempt."""
-        self._flush()
+        self._flush_all()
         previous = self.last_step
         message = f"step went back from {previous} to {step}: new attempt (restart)"
         try:
@@ -353,7 +453,33 @@ class Writer:
 
     # -- flushing ----------------------------------------------------------------------------
     def _flush(self) -> None:
-        sampled = self._cpu_wait is not None and self._sample_cpu_wait()
+        """The clock's tick: write what is buffered; judge it live when a CPU wait sample
+        is due (every 0.25 s), or at once when the run takes no samples."""
+        self._write_buffered(judge=self._clock() >= self._cpu_wait_due)
+
+    def _flush_all(self) -> None:
+        """``run.flush()``, a restart, the stop: write and judge everything."""
+        self._write_buffered(judge=True)
+
+    def _write_buffered(self, judge: bool) -> None:
+        """Write the buffers in one transaction, then maybe hand them to live detection.
+
+        Why live detection may lag the store: a step's time is judged only once the CPU
+        wait sample covering it is known (``runwatch.detect.busy``), and a sample reads
+        every thread's scheduler statistics, one system call (one GIL hand-over) each, too
+        dear for every 0.08 s drain. So batches written since the last sample wait, and go
+        to detection together with the next one, merged (as the 0.25 s batches they were
+        before), so live judges what replay of the store judges."""
+        sampled = False
+        if judge and self._cpu_wait is not None:
+            if self._buffered:
+                self._cpu_wait_due = self._clock() + CPU_WAIT_INTERVAL_S
+                sampled = self._sample_cpu_wait()
+            else:
+                # Nothing new to write: judge what waits without a sample. A sample alone
+                # would be a point at an old step, the batch's (and the run's) last step;
+                # its steps stay under the previous sample, live and on replay alike.
+                self._interval_step = None
         batch: list[SeriesPoints] = []
         for buf in self._buffers.values():
             if buf is _REFUSED_NAME or buf is _OTHER_RANKS_METRIC or not buf.steps:
@@ -372,19 +498,29 @@ class Writer:
         events, self._events = self._events, []
         contexts, self._contexts = self._contexts, []
         self._buffered = 0
-        if not batch and not events and not contexts:
-            return
-        n_points = sum(len(series.steps) for series in batch) - sampled
-        if self._write_with_retries(batch, events, n_points, contexts):
-            self._flow.written += n_points
-            self._notify_sink(batch, events)
-        elif contexts:  # lost with the batch: store the context in force again next step
-            self._context_kept = None
-            if self._context_pending is None:
-                self._context_pending = {}
+        if batch or events or contexts:
+            n_points = sum(len(series.steps) for series in batch) - sampled
+            if self._write_with_retries(batch, events, n_points, contexts):
+                self._flow.written += n_points
+                if self._sink is not None and (batch or events):
+                    self._unjudged.append((batch, events))
+            elif contexts:  # lost with the batch: store the context in force again next step
+                self._context_kept = None
+                if self._context_pending is None:
+                    self._context_pending = {}
+        if judge or self._cpu_wait is None:
+            self._judge()
+
+    def _judge(self) -> None:
+        """Hand the batches written since the last judgement to live detection, as one."""
+        pending, self._unjudged = self._unjudged, []
+        if len(pending) == 1:
+            self._notify_sink(*pending[0])
+        elif pending:
+            self._notify_sink(*_merge(pending))
 
     def _last_flush(self) -> None:
-        self._flush()
+        self._flush_all()
         if self._cpu_wait is not None:
             self._cpu_wait.close()
 
@@ -438,3 +574,28 @@ class Writer:
             error.reason,
         )
         return False
+
+
+def _merge(batches: list[tuple[SeriesBatch, list[Event]]]) -> tuple[SeriesBatch, list[Event]]:
+    """Batches written one after another as one: each series' points end to end, in order,
+    CPU wait first (the Monitor reads a step's wait before its time)."""
+    parts: dict[tuple[str, str], list[SeriesPoints]] = {}
+    events: list[Event] = []
+    for batch, batch_events in batches:
+        for series in batch:
+            parts.setdefault((series.metric, labels_key(series.labels)), []).append(series)
+        events.extend(batch_events)
+    merged = []
+    for group in parts.values():
+        first = group[0]
+        if len(group) > 1:
+            first = SeriesPoints(
+                first.metric,
+                first.labels,
+                np.concatenate([s.steps for s in group]),
+                np.concatenate([s.times for s in group]),
+                np.concatenate([s.values for s in group]),
+            )
+        merged.append(first)
+    merged.sort(key=lambda series: series.metric != CPU_WAIT_METRIC)
+    return merged, events
