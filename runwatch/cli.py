@@ -304,6 +304,7 @@ _COMMAND_MODULES = (
     "runwatch.server.cli",
     "runwatch.alerting.cli",
     "runwatch.cli_watch",
+    "runwatch.cli_metrics",
 )
 
 

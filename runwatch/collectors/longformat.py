@@ -328,7 +328,14 @@ def _check_int(number: float | int | None, shown: object, column: str) -> int:
 def _name_text(text: str, column: str) -> str:
     if not text:
         raise _FieldError(column, f"empty {column}")
+    if column == "metric" and not _readable(text):
+        raise _FieldError(column, f"metric {text!r} is only separators: a name needs a word")
     return text
+
+
+def _readable(name: str) -> bool:
+    """Whether a metric name holds a letter or digit (not only separators and spaces)."""
+    return any(c.isalnum() for c in name)
 
 
 class _Columns:
@@ -484,6 +491,7 @@ def _fast_csv_chunk(chunk: bytes, header: list[str]) -> pd.DataFrame | None:
         or (
             _may_hold_empty_fields(chunk) and not (_names_ok(df["run"]) and _names_ok(df["metric"]))
         )
+        or not _metric_names_readable(df["metric"])
         or ("rank" in used and (df["rank"] < 0).any())
         or ("gpu" in used and (df["gpu"] < 0).any())
     ):
@@ -534,6 +542,11 @@ def _may_hold_empty_fields(chunk: bytes) -> bool:
         or b",\r" in chunk
         or chunk.endswith(b",")
     )
+
+
+def _metric_names_readable(col: pd.Series) -> bool:
+    """Every distinct metric name of a chunk is readable (checked once per name)."""
+    return all(not isinstance(n, str) or _readable(n) for n in pd.unique(col.to_numpy()))
 
 
 def _names_ok(col: pd.Series) -> bool:

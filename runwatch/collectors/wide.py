@@ -89,6 +89,9 @@ def _plan(header: list[str], path: Path) -> tuple[str, str | None, list[str]]:
     ]
     if not metrics:
         raise WideFormatError(path, 1, "no metric columns beside the step column")
+    for name in metrics:
+        if not any(c.isalnum() for c in name):
+            raise WideFormatError(path, 1, "this column's name is only separators", name)
     return step, when, metrics
 
 

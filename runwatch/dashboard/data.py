@@ -63,6 +63,15 @@ def metrics(db: str, run: str) -> list[str]:
 
 
 @st.cache_data(ttl=LIVE_TTL, show_spinner=False)
+def watched(db: str, run: str) -> pd.DataFrame:
+    """Each series of the run with its role and the detectors watching it (no step span:
+    that would read every point)."""
+    from runwatch.pipeline.watched import as_frame, watched_series
+
+    return as_frame(watched_series(reader(db), run, spans=False))
+
+
+@st.cache_data(ttl=LIVE_TTL, show_spinner=False)
 def attempts(db: str, run: str) -> pd.DataFrame:
     return reader(db).attempts(run)
 

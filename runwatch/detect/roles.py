@@ -39,13 +39,20 @@ def role_of(metric: str, overrides: Mapping[str, str] | None = None) -> str:
     >>> role_of("gpu_mem"), role_of("gpu_mem", {"gpu_*": "step_time"})
     ('other', 'step_time')
     """
-    if overrides:
-        if metric in overrides:
-            return overrides[metric]
-        for pattern, role in overrides.items():
-            if fnmatch.fnmatchcase(metric, pattern):
-                return role
-    return role_from_name(metric)
+    return override_of(metric, overrides) or role_from_name(metric)
+
+
+def override_of(metric: str, overrides: Mapping[str, str] | None) -> str | None:
+    """The role ``overrides`` give ``metric`` (its exact name first, then the first fnmatch
+    pattern that matches), or None when they say nothing about it."""
+    if not overrides:
+        return None
+    if metric in overrides:
+        return overrides[metric]
+    for pattern, role in overrides.items():
+        if fnmatch.fnmatchcase(metric, pattern):
+            return role
+    return None
 
 
 def _loss() -> list[Detector]:

@@ -339,12 +339,14 @@ _text = st.text(
     min_size=1,
     max_size=12,
 )
+# A metric name needs a word (a letter or digit): one of only separators is refused.
+_metric = _text.filter(lambda t: any(c.isalnum() for c in t))
 _floats = st.floats(allow_nan=True, allow_infinity=True)
 _row = st.fixed_dictionaries(
     {
         "run": _text,
         "step": st.integers(0, 2**63 - 1),
-        "metric": _text,
+        "metric": _metric,
         "value": _floats,
         "time": st.one_of(st.just(math.nan), st.floats(allow_nan=False, allow_infinity=False)),
         "rank": st.one_of(st.none(), st.integers(0, 2**31)),

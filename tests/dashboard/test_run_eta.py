@@ -56,3 +56,23 @@ def test_finished_run_shows_done_and_its_goodput(tmp_path, monkeypatch):
     card = _eta_card(db, monkeypatch)
     assert card.value == "done"
     assert card.delta.startswith("goodput")
+
+
+def test_the_run_page_shows_what_watches_each_series(tmp_path, monkeypatch):
+    db = tmp_path / "w.db"
+    with open_store(db) as store:
+        run_id, attempt = store.start_run("w", config={"roles": {"reward": "other"}}, now=0.0)
+        s = np.arange(1, 50)
+        for metric in ("train/loss", "loss-scale", "reward", "_runtime"):
+            sid = store.series_id(run_id, metric)
+            store.write(run_id, attempt, {sid: (s, s * 1.0, 1.0 + 1.0 / s)})
+    monkeypatch.setenv(DB_ENV, str(db))
+    at = AppTest.from_file(str(APP_DIR / "views/run.py"), default_timeout=TIMEOUT).run()
+    assert not at.exception, [e.value for e in at.exception]
+    box = next(e for e in at.expander if e.label.startswith("What is watched"))
+    assert box.label == "What is watched (4 series)"
+    table = "\n".join(m.value for m in box.markdown).replace("\\_", "_")  # Markdown escapes
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.count("|") > 4}
+    assert "loss_scale_drop" in rows["loss-scale"]
+    assert "other (override)" in rows["reward"] and "drop" in rows["reward"]
+    assert "index" in rows["_runtime"] and "spike" in rows["train/loss"]

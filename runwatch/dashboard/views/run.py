@@ -330,6 +330,15 @@ with st.expander(f"Anomalies, one by one ({len(anomalies)})"):
                 f"The {LIST_ROWS} most recent of {len(anomalies):,}: the Anomalies page lists "
                 "them all, with filters."
             )
+with ui.guarded(db):
+    watched = data.watched(db, run)
+with st.expander(f"What is watched ({len(watched)} series)"):
+    st.caption(
+        "The role each metric got from its name (or an override in the run's config "
+        "`roles`) and the detectors that watch it; `runwatch metrics` prints the same."
+    )
+    shown = watched[["metric", "labels", "points", "role", "detectors"]]
+    st.markdown(shaping.markdown_table(shown))
 st.subheader("Events")
 shown = events[events["kind"] != "log"][["kind", "step", "attempt", "message"]]
 if shown.empty:
