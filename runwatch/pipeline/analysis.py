@@ -27,6 +27,7 @@ from runwatch.model import LR_METRICS, Anomaly
 from runwatch.pipeline.family import family_curves, forecast_family, total_steps_of
 from runwatch.pipeline.fleet import run_fleet_anomalies
 from runwatch.pipeline.incidents import refresh_incidents
+from runwatch.pipeline.reads import read_metric
 from runwatch.pipeline.runconfig import aligned_sample, run_config, tokens_per_step
 from runwatch.store import Store
 
@@ -171,8 +172,7 @@ def forecast_run(
             _save_curve(store, run, metric, result, series, family)
         return result
     if series.empty:
-        known = sorted(store.series(run)["metric"].unique())
-        raise ValueError(f"run {run!r} has no metric {metric!r} (it has: {', '.join(known)})")
+        series = read_metric(store, run, metric)  # raises, naming what the run has
     if final_step is None:
         final_step = planned_final_step(store, run) or int(series["step"].max())
     lr = _learning_rate(store, run)
@@ -246,13 +246,7 @@ def reference_curve(
     if reference == run:
         raise ValueError(f"the reference must be another run than {run!r}")
     store.run_id(reference)  # a clear error for an unknown run
-    series = store.read_series(reference, metric)
-    if series.empty:
-        known = sorted(store.series(reference)["metric"].unique())
-        raise ValueError(
-            f"reference run {reference!r} has no metric {metric!r} "
-            f"(it has: {', '.join(known) or 'no metrics'})"
-        )
+    series = read_metric(store, reference, metric, "reference run")
     steps = series["step"].to_numpy(dtype=float)
     if align == "tokens":
         steps = steps * _tokens_per_step(store, reference) / _tokens_per_step(store, run)

@@ -26,6 +26,7 @@ from runwatch.expect.planned import BadSchedule, planned_lr
 from runwatch.expect.reference import ReferenceCurve
 from runwatch.expect.schedule import project_lr
 from runwatch.model import LR_METRICS
+from runwatch.pipeline.reads import MissingMetricError, read_metric
 from runwatch.pipeline.runconfig import run_config
 from runwatch.store import Store
 
@@ -133,13 +134,7 @@ def family_members(store: Store, family: Sequence[str], metric: str) -> list[Mem
                 f"family run {name!r} has no params (parameter count) in its config; add it "
                 f"with: runwatch import FILE --run {name} --append --config '{{\"params\": N}}'"
             )
-        series = store.read_series(name, metric)
-        if series.empty:
-            known = sorted(store.series(name)["metric"].unique())
-            raise ValueError(
-                f"family run {name!r} has no metric {metric!r} "
-                f"(it has: {', '.join(known) or 'no metrics'})"
-            )
+        series = read_metric(store, name, metric, "family run")
         last = int(series["step"].max())
         share = lr_share(store, name, config, max(total_steps_of(config) or 0, last))
         if share is None:
@@ -289,9 +284,7 @@ def family_curves(
             fc = forecast_family(
                 store, run, metric, family, upto=0, final_step=final_step, config=config
             )
-        except ValueError as exc:
-            if "has no metric" not in str(exc):
-                raise
+        except MissingMetricError as exc:
             log.info("no family curve for %s: %s", metric, exc)
             continue
         steps = np.unique(np.geomspace(1, fc.final_step, CURVE_POINTS).round())
