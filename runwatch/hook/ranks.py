@@ -1,10 +1,15 @@
 """Which rank and host this process is, read once from the launcher's environment.
 
+A ``torch.distributed`` process group that is already up says it best and wins. Otherwise
 torchrun (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``), SLURM (``SLURM_PROCID``,
 ``SLURM_LOCALID``, ``SLURM_NTASKS``), Open MPI (``OMPI_COMM_WORLD_RANK``, ...) and other MPIs
 (``PMI_RANK``, ``PMI_SIZE``) each say it differently; the first launcher found wins, in that
 order, because torchrun inside a SLURM allocation sets both and its own variables are the ones
-the training code's process group uses.
+the training code's process group uses. Lightning's DDP launcher sets no global rank at all,
+only ``NODE_RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``: its rank is ``NODE_RANK`` x devices per
+node + ``LOCAL_RANK`` (devices from ``LOCAL_WORLD_SIZE``, or 0 x anything on node 0). A process
+of a multi-process job whose rank cannot be told (``WORLD_SIZE`` > 1, no rank) would write into
+the same series as its peers: :func:`rank_info` warns once, naming the variables to set.
 
 Why label every series: a straggler is one rank's step time, a bad GPU one host's telemetry;
 without rank and host on the series they would be averaged away. Why not every metric on every
@@ -20,10 +25,14 @@ default policy.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+
+log = logging.getLogger("runwatch.hook")
 
 _LAUNCHERS: tuple[tuple[str, str, str], ...] = (
     ("RANK", "LOCAL_RANK", "WORLD_SIZE"),  # torchrun / torch.distributed.launch
@@ -70,13 +79,62 @@ def _int(env: Mapping[str, str], key: str) -> int | None:
 
 
 def rank_info(env: Mapping[str, str] = os.environ, host: str | None = None) -> RankInfo:
-    """Rank, local rank and world size from the first launcher whose rank variable is set."""
+    """Rank, local rank and world size: from a live ``torch.distributed`` process group,
+    else from the first launcher whose rank variable is set, else Lightning's variables.
+
+    >>> rank_info({"NODE_RANK": "1", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4",
+    ...            "WORLD_SIZE": "8"}, host="h").rank
+    6
+    """
     host = host if host is not None else socket.gethostname()
+    local = _int(env, "LOCAL_RANK")
+    dist = _torch_group()
+    if dist is not None:
+        return RankInfo(dist[0], local, dist[1], host)
     for rank_key, local_key, size_key in _LAUNCHERS:
         rank = _int(env, rank_key)
         if rank is not None:
             return RankInfo(rank, _int(env, local_key), _int(env, size_key), host)
-    return RankInfo(None, None, None, host)
+    size = _int(env, "WORLD_SIZE")
+    if local is not None:  # Lightning's launcher (and torch.distributed.launch --use-env)
+        node = _int(env, "NODE_RANK") or _int(env, "GROUP_RANK") or 0
+        per_node = _int(env, "LOCAL_WORLD_SIZE")
+        if node == 0:
+            return RankInfo(local, local, size, host)
+        if per_node:
+            return RankInfo(node * per_node + local, local, size, host)
+    if size is not None and size > 1:
+        _warn_collision(size)
+    return RankInfo(None, None, size, host)
+
+
+def _torch_group() -> tuple[int, int] | None:
+    """(rank, world size) of torch's default process group if torch is loaded and it is up;
+    torch is never imported here (the hook stays light)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    except Exception:  # a half-initialised group: fall back to the environment
+        return None
+    return None
+
+
+_warned_collision = False
+
+
+def _warn_collision(size: int) -> None:
+    global _warned_collision
+    if _warned_collision:
+        return
+    _warned_collision = True
+    log.warning(
+        "runwatch: WORLD_SIZE=%d but no rank for this process (no RANK, SLURM_PROCID, "
+        "LOCAL_RANK+NODE_RANK+LOCAL_WORLD_SIZE, nor a torch.distributed group yet): its "
+        "series collide with the other ranks'; set RANK, or call runwatch.init() after "
+        "dist.init_process_group()",
+        size,
+    )
 
 
 def rank_labels(env: Mapping[str, str] = os.environ, host: str | None = None) -> dict:
@@ -90,12 +148,56 @@ def rank_labels(env: Mapping[str, str] = os.environ, host: str | None = None) ->
     return labels
 
 
-def keeps_metric(metric: str, rank: int | None) -> bool:
+def keeps_metric(metric: str, rank: int | None, per_rank: Iterable[str] = ()) -> bool:
     """The default policy: rank 0 (or a process without a rank) logs everything; other ranks
-    log only their own timing and telemetry (:data:`PER_RANK_PREFIXES`)."""
+    log only their own timing and telemetry (:data:`PER_RANK_PREFIXES`) and the names the
+    user asked for per rank (``per_rank=[...]``, exact names or prefixes ending in ``*``)."""
     if rank is None or rank == 0:
         return True
-    return metric.startswith(PER_RANK_PREFIXES)
+    if metric.startswith(PER_RANK_PREFIXES):
+        return True
+    for name in per_rank:
+        if metric == name or (name.endswith("*") and metric.startswith(name[:-1])):
+            return True
+    return False
+
+
+class RankPolicy:
+    """:func:`keeps_metric` for one rank, which says what it drops: the first time a metric
+    is refused, one warning names it and the setting that keeps it, and ``dropped`` counts
+    the refused series (the writer counts their points through ``count``).
+
+    >>> policy = RankPolicy(2, per_rank=["compute_time"])
+    >>> policy("compute_time"), policy("loss"), policy("loss"), policy.dropped
+    (True, False, False, {'loss': 2})
+    """
+
+    def __init__(
+        self,
+        rank: int | None,
+        per_rank: Iterable[str] = (),
+        count: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.per_rank = tuple(per_rank)
+        self.count = count
+        self.dropped: dict[str, int] = {}
+
+    def __call__(self, metric: str) -> bool:
+        if keeps_metric(metric, self.rank, self.per_rank):
+            return True
+        self.dropped[metric] = self.dropped.get(metric, 0) + 1
+        if self.dropped[metric] == 1:
+            log.warning(
+                "runwatch: rank %s does not keep %r (rank 0 logs run-level metrics); to "
+                "keep it on every rank, pass runwatch.init(per_rank=[%r]) or all_ranks=True",
+                self.rank,
+                metric,
+                metric,
+            )
+        if self.count is not None:
+            self.count("other_rank", 1)
+        return False
 
 
 def launch_id(env: Mapping[str, str] = os.environ) -> str | None:

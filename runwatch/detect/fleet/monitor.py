@@ -11,7 +11,11 @@ runs them over a stored run.
 Which series count: a *step-time* series (role ``step_time`` by name or config, e.g.
 ``step_time``, ``iteration_time_ms``) with a ``rank`` label feeds the straggler and hang
 detectors; ``gpu_*`` series (from the NVML collector or DCGM) feed the hardware rules; ``xid``
-events do too. Every anomaly names the rank (and host and GPU where known) in ``labels``.
+events do too. ``runwatch.torch`` logs each rank's own time as ``step_time_compute`` (a step
+time, so the straggler and hang detectors read it) and its all-reduce wait as
+``comm_wait_time``: a straggler's message says which signal named it and whether it also
+waited least, as a real straggler does. Every anomaly names the rank (and host and GPU where
+known) in ``labels``.
 
 >>> import numpy as np, pandas as pd
 >>> steps, ranks = np.meshgrid(np.arange(200), np.arange(8), indexing="ij")
@@ -28,6 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import time as _time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -42,6 +47,16 @@ from runwatch.detect.roles import role_of
 from runwatch.model import LABEL_KEYS, Anomaly, Event, label_value
 
 log = logging.getLogger("runwatch.detect.fleet")
+
+OWN_TIME_METRIC = "step_time_compute"
+"""Each rank's own time per step, as ``runwatch.torch`` measures it (role ``step_time``)."""
+WAIT_METRIC = "comm_wait_time"
+"""Each rank's wait in the step's all-reduce (``runwatch.torch``): the straggler waits least."""
+OWN_TIME_SMOOTH = 5
+"""Steps each rank's own time is median-smoothed over before the straggler rule: measured
+per step on a busy host, it carries preemption spikes the user's step time averages out."""
+WAIT_MEMORY = 500
+"""Wait readings kept per rank (live) to say whether a named straggler also waited least."""
 
 
 class FleetMonitor:
@@ -75,6 +90,7 @@ class FleetMonitor:
         self._failed = False  # the attempt ended in a failure: no progress is expected
         self._anomalies: list[Anomaly] = []
         self._seen: set[int] = set()
+        self._waits: dict[int, deque[tuple[int, float]]] = {}
 
     # -- results ---------------------------------------------------------------------------
     @property
@@ -101,6 +117,9 @@ class FleetMonitor:
             out += self.hardware.update(metric, labels, int(step), value)
             return self._keep(out)
         rank = label_value(labels.get("rank"))
+        if rank is not None and metric == WAIT_METRIC:
+            self.wait(self._col(labels), int(step), float(value))
+            return out
         if rank is None or not self._is_step_time(metric):
             return out
         col = self._col(labels)
@@ -116,6 +135,14 @@ class FleetMonitor:
         if step == pending[0]:
             pending[1][col] = float(value)
         return self._keep(out)
+
+    def wait(self, col: int, step: int, value: float) -> None:
+        """Take one rank's all-reduce wait at ``step`` (it explains a straggler; it names none:
+        the healthy ranks are the ones that wait)."""
+        q = self._waits.get(col)
+        if q is None:
+            q = self._waits[col] = deque(maxlen=WAIT_MEMORY)
+        q.append((int(step), float(value)))
 
     def step_row(
         self, metric: str, step: int, columns: np.ndarray, values: np.ndarray, time: float
@@ -199,7 +226,12 @@ class FleetMonitor:
     def _detector(self, metric: str) -> StragglerDetector:
         det = self._stragglers.get(metric)
         if det is None:
-            det = StragglerDetector(metric=metric, **self._straggler_params)
+            params = dict(self._straggler_params)
+            if metric == OWN_TIME_METRIC:
+                params.setdefault("smooth", OWN_TIME_SMOOTH)
+                # smoothed readings run together: 7 in a row is no longer a short burst
+                params.setdefault("short_ratio", 1e9)
+            det = StragglerDetector(metric=metric, **params)
             for col, named in enumerate(self._labels):
                 det.set_labels(col, named)
             self._stragglers[metric] = det
@@ -212,12 +244,45 @@ class FleetMonitor:
             row[col] = v
         return self._detector(metric).update(step, row)
 
+    def _explain(self, a: Anomaly) -> None:
+        """Say which signal named a straggler, and whether its wait agrees (least wait)."""
+        if a.details.get("signal"):
+            return
+        own = a.metric == OWN_TIME_METRIC
+        a.details["signal"] = a.metric
+        what = "its own compute time" if own else "its step time"
+        note = f"named by {what} ({a.metric})"
+        col = a.details.get("column")
+        lo, hi = a.start_step, a.details.get("detected_at", a.end_step)
+        mine = _window(self._waits.get(col), lo, hi) if col is not None else []
+        others = [v for c, q in self._waits.items() if c != col for v in _window(q, lo, hi)]
+        if mine and others:
+            ratio = float(np.median(mine)) / max(float(np.median(others)), 1e-12)
+            a.details["wait_ratio"] = ratio
+            agrees = ratio < 1.0
+            a.details["wait_agrees"] = agrees
+            note += (
+                f"; it waits {'least' if agrees else 'no less than the others'} in the "
+                f"all-reduce ({WAIT_METRIC} {ratio:.2f}x the other ranks')"
+            )
+        a.details["note"] = note
+        a.message = f"{a.message}; {note}" if a.message else note
+
     def _keep(self, out: list[Anomaly]) -> list[Anomaly]:
         for a in out:
+            if a.detector == StragglerDetector.name:
+                self._explain(a)
             if id(a) not in self._seen:
                 self._seen.add(id(a))
                 self._anomalies.append(a)
         return out
+
+
+def _window(q: Any, lo: int, hi: int) -> list[float]:
+    """The readings of ``q`` ((step, value) pairs) at steps ``lo``..``hi``."""
+    if not q:
+        return []
+    return [v for s, v in q if lo <= s <= hi and v == v]
 
 
 def fleet_anomalies(
@@ -271,6 +336,9 @@ def replay_fleet(
             if fm._is_step_time(metric):
                 rows = points[(metrics == metric) & points["rank"].notna()]
                 timeline += _step_rows(fm, metric, rows)
+        waits = points[(metrics == WAIT_METRIC) & points["rank"].notna()]
+        for rec in waits[["rank", "step", "value"]].itertuples(index=False):
+            fm.wait(fm._col({"rank": rec.rank}), int(rec.step), float(rec.value))
     gpu = points[metrics.str.startswith("gpu_")]
     timeline.sort(key=lambda item: (item[0], item[1]))
     for t, kind, payload in timeline:

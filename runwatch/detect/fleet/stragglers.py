@@ -33,6 +33,9 @@ Misses: ranks slower by less than the per-step threshold; slowdowns shorter than
 ``min_fraction * window`` steps unless ``short_ratio`` large; half the fleet or more slowing
 down together (the median
 moves with them -- that is a job-wide regression, for the step-time Regression detector).
+``smooth`` > 1 feeds each rank's median of its last ``smooth`` readings to the rule instead of
+the reading: on a loaded CPU a rank's own time is inflated by a few ms in about a step in four
+(preemption), which outvotes a real 2x straggler step by step (``bench/README-stragglers.md``).
 The baseline is the fleet at the same step, so nothing is learned from a straggler: there is
 no baseline to protect. Memory is O(window x ranks), whatever the length of the run.
 
@@ -58,6 +61,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -90,11 +94,12 @@ class StragglerDetector:
         min_excess: float = 0.03,
         k_sigma: float = 2.0,
         critical_slowdown: float = 1.25,
-        min_ranks: int = 4,
+        min_ranks: int = 3,
         metric: str = "step_time",
         short_ratio: float = 1.75,
         short_count: int = 7,
         short_window: int = 7,
+        smooth: int = 1,
     ) -> None:
         check_number("window", window, low=2, integer=True)
         check_number("min_fraction", min_fraction, low=0.05, high=1.0)
@@ -106,6 +111,7 @@ class StragglerDetector:
         check_number("short_ratio", short_ratio, low=1.0)
         check_number("short_window", short_window, low=1, high=window, integer=True)
         check_number("short_count", short_count, low=1, high=short_window, integer=True)
+        check_number("smooth", smooth, low=1, high=window, integer=True)
         self.window = window
         self.min_fraction = min_fraction
         self.close_fraction = close_fraction
@@ -117,6 +123,7 @@ class StragglerDetector:
         self.short_ratio = short_ratio
         self.short_count = short_count
         self.short_window = short_window
+        self.smooth = smooth
         self._reset()
 
     def _reset(self) -> None:
@@ -136,6 +143,8 @@ class StragglerDetector:
         self._open: dict[int, Anomaly] = {}
         self._labels: dict[int, dict[str, Any]] = {}
         self._episodes: list[Anomaly] = []
+        self._raw = np.full((self.smooth, 0), np.nan)
+        self._raw_t = 0
 
     def reset(self) -> None:
         """Forget everything (a new attempt of the job: ranks may have moved)."""
@@ -172,6 +181,8 @@ class StragglerDetector:
             self._grow(x.size)
         elif x.size < self._n:
             x = np.concatenate([x, np.full(self._n - x.size, np.nan)])
+        if self.smooth > 1:
+            x = self._smoothed(x)
         ok = np.isfinite(x) & (x > 0)
         n_ok = int(ok.sum())
         if n_ok < self.min_ranks:
@@ -229,6 +240,17 @@ class StragglerDetector:
         return out
 
     # -- internals -------------------------------------------------------------------------
+    def _smoothed(self, x: np.ndarray) -> np.ndarray:
+        """Each rank's median over its last ``smooth`` readings: a reading a preemption or a
+        page fault inflated (a few ms, a step in four on a loaded CPU) is outvoted."""
+        self._raw[self._raw_t % self.smooth] = x
+        self._raw_t += 1
+        filled = self._raw[: min(self._raw_t, self.smooth)]
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a rank with no reading yet
+            out = np.nanmedian(filled, axis=0)
+        return np.where(np.isfinite(x), out, np.nan)
+
     def _big_counts(self) -> np.ndarray:
         """Per rank, its steps among the last ``short_window`` that were slow by
         ``short_ratio`` or more (the short, large slowdown rule), once ``window`` steps
@@ -246,6 +268,7 @@ class StragglerDetector:
         self._slow = np.hstack([self._slow, np.zeros((w, extra), dtype=bool)])
         self._valid = np.hstack([self._valid, np.zeros((w, extra), dtype=bool)])
         self._ratio = np.hstack([self._ratio, np.zeros((w, extra), dtype=np.float32)])
+        self._raw = np.hstack([self._raw, np.full((self.smooth, extra), np.nan)])
         for name, dtype in (
             ("_slow_n", np.int32),
             ("_valid_n", np.int32),
@@ -315,6 +338,8 @@ class StragglerDetector:
                 f"{fraction:.0%} of the last {self.window} steps; costs the job about "
                 f"{lost:.1%} of its throughput while it is the slowest rank"
             )
+            if ep.details.get("note"):  # what the fleet view adds (which signal named it)
+                ep.message += f"; {ep.details['note']}"
             ep.details["peak_slowdown"] = slowdown
         ep.details.update(
             slowdown=slowdown,

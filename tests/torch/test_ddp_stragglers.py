@@ -1,0 +1,151 @@
+"""runwatch.torch under a real torchrun (3 ranks, gloo, the CPU): own time, wait, stragglers,
+job-wide slowdowns and hangs, from what each rank's hook logged."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import runwatch  # noqa: E402
+from runwatch.detect.fleet.jobwide import merge_job_wide  # noqa: E402
+from runwatch.detect.fleet.monitor import FleetMonitor, fleet_anomalies  # noqa: E402
+from runwatch.pipeline.analysis import analyze_run  # noqa: E402
+from runwatch.torch import NotInstrumentable, instrument  # noqa: E402
+
+JOB = Path(__file__).with_name("ddp_job.py")
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+def run_job(out: Path, *args: str, ok: bool = True) -> pd.DataFrame:
+    """torchrun the job (bounded); every rank's points, one frame."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [
+            str(TORCHRUN),
+            "--standalone",
+            "--nproc_per_node",
+            "3",
+            str(JOB),
+            "--out",
+            str(out),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    if ok:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    frames = [
+        runwatch.open_store(str(out / f"rank{r}.db"), readonly=True).read_points("ddp-job")
+        for r in range(3)
+    ]
+    return pd.concat(frames, ignore_index=True)
+
+
+def medians(points: pd.DataFrame, metric: str, lo: int, hi: int = 10**9) -> pd.Series:
+    rows = points[(points["metric"] == metric) & points["step"].between(lo, hi)]
+    return rows.groupby(rows["rank"].astype(int))["value"].median()
+
+
+def test_instrument_refuses_a_process_without_a_group_in_one_line():
+    with pytest.raises(NotInstrumentable, match=r"no torch\.distributed process group") as e:
+        instrument(torch.nn.Linear(2, 2))
+    assert "\n" not in str(e.value)
+
+
+def test_instrument_refuses_a_model_not_wrapped_in_ddp(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(NotInstrumentable, match="not DistributedDataParallel; wrap it"):
+            instrument(torch.nn.Linear(2, 2))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_rank_slowed_by_half_computes_most_and_waits_least(tmp_path):
+    pts = run_job(tmp_path, "--slow", "1", "--factor", "0.5", "--steps", "220")
+    compute = medians(pts, "step_time_compute", 120)
+    wait = medians(pts, "comm_wait_time", 120)
+    wall = medians(pts, "step_time", 120)
+    assert compute.idxmax() == 1 and compute[1] > 1.2 * compute.drop(1).max()
+    assert wait.idxmin() == 1
+    # the wall step time the README logs does not tell the ranks apart
+    assert wall.max() / wall.min() < 1.15
+    # the loss (run-level) is logged by rank 0 only; the timings by every rank
+    assert set(pts.loc[pts["metric"] == "loss", "rank"].astype(int)) == {0}
+    stragglers = [a for a in fleet_anomalies(pts) if a.detector == "straggler"]
+    late = [a for a in stragglers if a.details["detected_at"] >= 120]
+    assert all(a.labels["rank"] == 1 for a in late)
+    for a in late:
+        assert "named by its own compute time (step_time_compute)" in a.message
+
+
+def test_no_rank_slowed_names_no_straggler_after_warmup(tmp_path):
+    pts = run_job(tmp_path, "--steps", "220")
+    late = [
+        a
+        for a in fleet_anomalies(pts)
+        if a.detector == "straggler" and a.details["detected_at"] >= 100
+    ]
+    assert late == []
+
+
+def test_every_rank_slowed_is_one_job_wide_finding(tmp_path):
+    pts = run_job(tmp_path, "--all", "--factor", "1.0", "--steps", "220")
+    per_rank = []
+    for r in range(3):
+        store = runwatch.open_store(str(tmp_path / f"rank{r}.db"))
+        per_rank += [
+            a
+            for a in analyze_run(store, "ddp-job", save=False).anomalies
+            if a.metric in ("step_time", "step_time_compute")
+        ]
+    assert not [
+        a
+        for a in fleet_anomalies(pts)
+        if a.detector == "straggler" and a.details["detected_at"] >= 120
+    ]
+    flagged: dict = {}
+    for a in per_rank:
+        flagged.setdefault((a.detector, a.metric), set()).add(a.labels["rank"])
+    everywhere = {key for key, ranks in flagged.items() if ranks == {0, 1, 2}}
+    # the per-series Monitor sees the slowdown on every rank: one episode per rank ...
+    assert everywhere, flagged
+    merged = merge_job_wide(per_rank, ranks=3)
+    for key in everywhere:
+        # ... and the merge makes it one job-level finding, the ranks listed
+        (one,) = [a for a in merged if (a.detector, a.metric) == key]
+        assert one.details["ranks"] == [0, 1, 2] and "rank" not in one.labels
+        assert one.message.startswith("job-wide on all 3 ranks (0, 1, 2)")
+
+
+def test_a_rank_hanging_before_the_collective_is_named(tmp_path):
+    began = time.time()
+    pts = run_job(
+        tmp_path, "--hang", "2", "--hang-step", "60", "--hang-s", "4", "--steps", "200", ok=False
+    )
+    # checked when the job has died, with a hang timeout shorter than the 4 s stall
+    fm = FleetMonitor(hang={"min_timeout_s": 2.0})
+    hangs = [a for a in fleet_anomalies(pts, now=time.time(), monitor=fm) if a.detector == "hang"]
+    assert time.time() - began < 90
+    assert hangs, "no hang found"
+    named = {a.labels["rank"] for a in hangs}
+    assert named == {2}
+    assert "rank 2" in hangs[0].message and hangs[0].details["last_step"] == 59
+    last = pts[pts["metric"] == "step_time_compute"].groupby("rank")["step"].max()
+    assert last.loc[2] < last.drop(2).min()
+    assert np.isfinite(last).all()
