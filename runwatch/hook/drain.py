@@ -29,6 +29,8 @@ from runwatch.guard import Guard
 from runwatch.worker import FIRST_WAIT_S, DropSink
 
 _STOP = object()
+CALM_DRAINS = 20
+"""Drains in a row without waiting for the GIL before a stretched interval shrinks back."""
 _drains: weakref.WeakSet[Drain] = weakref.WeakSet()
 
 
@@ -43,6 +45,9 @@ class Flush:
 
 class Drain:
     """A daemon thread that takes everything queued every ``interval`` s, then ticks.
+
+    While drains wait for the GIL (a training loop that never lets go of it) the interval
+    stretches up to ``max_interval``: fewer hand-overs, later data (:meth:`_adapt`).
 
     ``take(items)`` gets the queued items (never a marker) in order, on the thread; a true
     result means "a batch is full", and ``tick()`` (the write) runs before the next items.
@@ -59,6 +64,7 @@ class Drain:
         tick: Callable[[], None],
         flush: Callable[[], None] | None = None,
         interval: float,
+        max_interval: float | None = None,
         first_tick: float | None = None,
         on_stop: Callable[[], None] | None = None,
         drops: DropSink,
@@ -73,7 +79,11 @@ class Drain:
         self._take = take
         self._tick = tick
         self._flush = flush if flush is not None else tick
-        self._interval = interval
+        self._base = interval
+        self._max_interval = max(interval, max_interval or interval)
+        self.interval = interval
+        self._calm = 0
+        """Seconds between drains now: ``interval``, stretched under GIL contention."""
         self._first = interval if first_tick is None else first_tick
         self._on_stop = on_stop
         self.drops = drops
@@ -181,14 +191,14 @@ class Drain:
             self._count_leftovers()
 
     def _loop(self) -> None:
-        items, event, clock = self._items, self._event, time.monotonic
+        items, event, clock, cpu = self._items, self._event, time.monotonic, time.thread_time
         popleft, chunk = items.popleft, self._chunk
         wait = self._first
         while True:
             if wait > 0:
                 event.wait(wait)
                 event.clear()  # before draining: a marker put before a set() is seen below
-            started = clock()
+            started, cpu_started = clock(), cpu()
             took = False
             # What is queued now, in chunks, so one burst never makes a giant batch.
             n = len(items)
@@ -203,8 +213,24 @@ class Drain:
             # Every wake-up ticks, even with nothing taken: what was written but not yet
             # judged (``Writer._judge``) must not wait for the next call.
             self._run_tick()
+            now = clock()
+            self._adapt(now - started - (cpu() - cpu_started))
             # A backlog that grew while we worked (a tight loop): go again at once.
-            wait = 0.0 if len(items) >= chunk else self._interval - (clock() - started)
+            wait = 0.0 if len(items) >= chunk else self.interval - (now - started)
+
+    def _adapt(self, waited: float) -> None:
+        """Stretch the interval to ``max_interval`` when a drain spent an eighth of the
+        interval off the CPU, waiting for the GIL: the training thread holds it, and every
+        hand-over (each SQLite statement and compressed block gives the GIL up and takes it
+        back) then waits out the switch interval and stops the training thread once.
+        Shrink it back after ``CALM_DRAINS`` drains in a row that ran freely."""
+        if waited > self._base / 8:
+            self.interval = self._max_interval
+            self._calm = 0
+        elif self.interval > self._base:
+            self._calm += 1
+            if self._calm >= CALM_DRAINS:
+                self.interval = self._base
 
     def _handle(self, batch: list[Any]) -> bool:
         """Hand ``batch`` to ``take``, split at markers; True at the stop sentinel."""

@@ -527,7 +527,8 @@ def init(
         Seconds between the writer thread's drains and writes (default 0.08 into a local
         store, so points are there within 0.1 s; 0.25 to a server). ``run.log`` never wakes
         the writer: it drains on this clock, or early when the backlog passes half of
-        ``max_pending_points``.
+        ``max_pending_points``. While the training thread never lets go of the GIL (a
+        pure-Python loop) the writer stretches it up to 0.25 s, to interrupt that loop less.
     system_metrics, system_metrics_interval
         Poll NVML and the host every ``system_metrics_interval`` s (default 10).
     cpu_wait

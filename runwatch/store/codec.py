@@ -15,6 +15,10 @@ points look alike:
 
 Wall times are kept to the microsecond; that is the one lossy part, and documented.
 
+The live writer encodes a small block per series every 0.08 s while holding the GIL, so
+``encode_block`` keeps to a few NumPy calls (no ``np.diff``, ``np.iinfo`` or second NaN pass
+in the common case; bench/README-hook-cadence.md).
+
 >>> import numpy as np
 >>> steps = np.arange(10, 20); times = 1.7e9 + steps * 0.25
 >>> values = np.array([3.0, 2.5, np.nan, np.inf, -np.inf, 1e300, 0.1, 2.0, 2.0, 1.5])
@@ -42,13 +46,15 @@ _TIME_ABSENT = 5  # no wall times at all (an import without a time column)
 _ZLIB_LEVEL = 1  # on point data, level 1 is much faster than 6 and nearly as small
 
 
+_INT_BOUNDS = tuple((int(np.iinfo(t).min), int(np.iinfo(t).max)) for t in _INT_DTYPES)
+
+
 def _smallest_int_code(deltas: np.ndarray) -> int:
     if deltas.size == 0:
         return 0
     lo, hi = int(deltas.min()), int(deltas.max())
-    for code, dtype in enumerate(_INT_DTYPES):
-        info = np.iinfo(dtype)
-        if info.min <= lo and hi <= info.max:
+    for code, (low, high) in enumerate(_INT_BOUNDS):
+        if low <= lo and hi <= high:
             return code
     return len(_INT_DTYPES) - 1
 
@@ -67,21 +73,22 @@ def _unshuffle(blob: bytes, dtype: np.dtype, n: int) -> np.ndarray:
 
 def _fits_float32(values: np.ndarray) -> bool:
     with np.errstate(over="ignore", invalid="ignore"):
-        as32 = values.astype(np.float32)
-    back = as32.astype(np.float64)
-    same = (back == values) | (np.isnan(back) & np.isnan(values))
-    return bool(same.all())
+        back = values.astype(np.float32).astype(np.float64)
+    same = back == values
+    if same.all():
+        return True
+    return bool(np.isnan(values[~same]).all())  # NaN != NaN, and NaN round-trips
 
 
 def _encode_times(times: np.ndarray) -> tuple[int, int, bytes]:
     """Return (first time in µs, time code, bytes); see the _TIME_* codes."""
-    finite = np.isfinite(times)
-    if not finite.any():
+    finite = np.count_nonzero(np.isfinite(times))
+    if not finite:
         return 0, _TIME_ABSENT, b""
-    if not finite.all():
+    if finite < times.size:
         return 0, _TIME_RAW, _shuffle(times)
     times_us = np.round(times * 1e6).astype(np.int64)
-    deltas = np.diff(times_us)
+    deltas = times_us[1:] - times_us[:-1]
     code = _smallest_int_code(deltas)
     return int(times_us[0]), code, _shuffle(deltas.astype(_INT_DTYPES[code]))
 
@@ -106,7 +113,7 @@ def encode_block(steps: np.ndarray, times: np.ndarray, values: np.ndarray) -> by
     times = np.asarray(times, dtype=np.float64)
     values = np.asarray(values, dtype=np.float64)
     first_step = int(steps[0]) if n else 0
-    step_deltas = np.diff(steps)
+    step_deltas = steps[1:] - steps[:-1]
     step_code = _smallest_int_code(step_deltas)
     first_time, time_code, time_bytes = _encode_times(times)
     value_code = 0 if _fits_float32(values) else 1
