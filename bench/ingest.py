@@ -48,6 +48,7 @@ from runwatch.hook.transport import HttpBackend
 from runwatch.store import Store
 from runwatch.store.points import read_blocks
 
+HERE = Path(__file__).resolve().parent
 TOKEN = "bench-token"
 METRICS = [f"step_time_{i}" if i < 2 else f"gpu_metric_{i}" for i in range(20)]
 
@@ -204,9 +205,11 @@ def _run_ranks(server: Server, name: str, args, duration: float, kill_at: float 
 
 
 def _verify(db: str, name: str, expected_per_series: int) -> tuple[int, int, int, bool]:
-    """(series, points stored, series with a wrong count, every series in step order)."""
+    """(series, points stored, series with a wrong count, every series in step order) of the
+    metrics the bench logs (the hook may add series of its own, e.g. host_cpu_wait)."""
     with Store(db, readonly=True) as store:
         series = store.series(name)
+        series = series[series["metric"].isin(METRICS)]
         wrong = int((series["points"] != expected_per_series).sum())
         ordered = True
         ids = series["series_id"].tolist()
@@ -429,9 +432,37 @@ def _run_phases(args, root: Path, label: str, fresh, rows: list[tuple[str, str, 
             (f"{label} peak: server CPU mean", f"{np.mean(sampler.cpu):.0f}%", "% of one core"),
         ]
 
+    if "dashboard" in phases:
+        rows += _dashboard_phase(label, fresh("dashboard"))
+
     if "migrate" in phases and label == "postgresql":
         rows += _migrate_phase(args, root, fresh("migrate"))
     print(f"# {label}: done", flush=True)
+
+
+def _dashboard_phase(label: str, db: str) -> list[tuple[str, str, str]]:
+    """bench/dashboard.py's 1M-step x 10-metric run, and its Run page reads (cold caches)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_dashboard", HERE / "dashboard.py")
+    assert spec is not None and spec.loader is not None
+    dash = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dash)
+    t0 = time.perf_counter()
+    dash.build(db, 1_000_000)
+    built = time.perf_counter() - t0
+    ready = []
+    for _ in range(3):
+        elapsed, _, spike, nan, _ = dash.page_data(db)
+        ready.append(elapsed)
+    return [
+        (
+            f"{label} dashboard: Run page data ready",
+            f"{np.median(ready):.2f} s",
+            f"median of 3 cold reads ({', '.join(f'{r:.2f}' for r in ready)}); spike and NaN "
+            f"shown: {spike and nan}; 1M steps x 10 metrics written in {built:.0f} s",
+        )
+    ]
 
 
 def _migrate_phase(args, root: Path, url: str) -> list[tuple[str, str, str]]:
@@ -458,7 +489,17 @@ def _migrate_phase(args, root: Path, url: str) -> list[tuple[str, str, str]]:
     written = time.perf_counter() - t0
     size = Path(source).stat().st_size
     report = migrate_store(source, url)
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        pg_bytes = conn.execute("SELECT pg_total_relation_size('point_blocks')").fetchone()[0]
     return [
+        (
+            "postgresql migrate: point_blocks size",
+            f"{pg_bytes / 2**20:.0f} MiB",
+            f"{pg_bytes / max(report.points, 1):.2f} bytes/point with TOAST and index "
+            f"(SQLite file: {size / max(report.points, 1):.2f})",
+        ),
         (
             "postgresql migrate: points",
             f"{report.points:,}",
