@@ -1,0 +1,441 @@
+"""Benchmark: what ``run.log`` costs at training cadence, not in a tight loop (issue 23).
+
+A training loop calls the hook once per step, after milliseconds of other work, so every
+call runs on cold caches, and whatever the call sets off in other threads (a writer woken
+per put) competes with the next step for the GIL. Measured here, each in a fresh process:
+
+- per call of 4 scalars, median and p99, after 10 ms busy (a CPU-bound step), 30 ms sleep
+  (a GPU-bound step waiting in a sync) and 1 ms busy; contenders interleaved step by step
+  in one process: a bare ``SimpleQueue.put((step, time.time(), d.copy()))`` (the floor),
+  ``run.log``, the HF ``RunwatchCallback.on_log`` and the Lightning ``RunwatchLogger``
+  ``.log_metrics`` (both wrap the same run, so one writer thread serves the process);
+- the same back to back (the tight-loop figure the README used to give alone);
+- the wall time logging adds per step to a loop that holds the GIL (a fixed amount of
+  Python work, about 1 ms a step): blocks of steps with ``run.log``, with a bare put and
+  with nothing, interleaved; added = (block - block without logging) / steps, median over
+  block pairs. A 0.15 s idle gap after each block (untimed) lets the writer finish, so a
+  block's leftover is not charged to the next one; the leftover (at most one tick's work)
+  is not charged at all, a small underestimate for both versions;
+- anchors: the hook before this change (a git worktree of the previous commit, ``--before``),
+  wandb offline ``log`` and tensorboardX's 4 ``add_scalar``, after 10 ms busy, each with its
+  own interleaved bare put.
+
+Every version runs ``--repeats`` times in alternation; the spread is printed.
+
+    python bench/hook_cadence.py [--before /tmp/hook_before] [--repeats 2] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import queue
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "hook_cadence.md"
+PAUSES = (
+    ("10 ms busy", "busy", 0.010),
+    ("30 ms sleep", "sleep", 0.030),
+    ("1 ms busy", "busy", 0.001),
+)
+
+
+def values(i: int) -> dict[str, float]:
+    return {
+        "loss": 2.0 + 9.0 * (i + 50.0) ** -0.4,
+        "grad_norm": 0.8 + (i % 7) * 0.01,
+        "lr": 3e-4,
+        "tokens_per_s": 250_000.0 + (i % 13),
+    }
+
+
+def busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def pause(kind: str, seconds: float) -> None:
+    if kind == "busy":
+        busy(seconds)
+    else:
+        time.sleep(seconds)
+
+
+def stats_us(ns: list[int]) -> dict[str, float]:
+    ordered = sorted(ns)
+    n = len(ordered)
+    return {
+        "median": ordered[n // 2] / 1e3,
+        "p99": ordered[min(n - 1, int(n * 0.99))] / 1e3,
+        "n": n,
+    }
+
+
+def schedstat(tid: int | None = None) -> tuple[float, float]:
+    """A thread's (default: this one's) seconds on a CPU and seconds runnable but waiting
+    for one (Linux scheduler statistics)."""
+    tid = threading.get_native_id() if tid is None else tid
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        on_cpu, waiting, _ = f.read().split()
+    return int(on_cpu) / 1e9, int(waiting) / 1e9
+
+
+def calibrate_work(target_s: float = 0.001) -> int:
+    """Iterations of a pure-Python loop (holds the GIL) that take about ``target_s``."""
+    n = 10_000
+    while True:
+        t = time.perf_counter()
+        work(n)
+        took = time.perf_counter() - t
+        if took > 0.02:
+            return max(1, int(n * target_s / took))
+        n *= 2
+
+
+def work(n: int) -> int:
+    x = 0
+    for i in range(n):
+        x += i
+    return x
+
+
+# -- the child processes -------------------------------------------------------------------
+def child_runwatch(src: str, steps: dict[str, int], blocks: int, block_steps: int) -> dict:
+    sys.path.insert(0, src)
+    import runwatch
+
+    assert runwatch.__file__.startswith(src), runwatch.__file__
+    from runwatch.integrations.hf import RunwatchCallback
+    from runwatch.integrations.lightning import RunwatchLogger
+
+    tmp = tempfile.mkdtemp(prefix="hook_cadence_")
+    run = runwatch.init(name="cadence", store=os.path.join(tmp, "runwatch.db"))
+    # Both integrations wrap this run: one writer thread for the process, as in training.
+    callback = RunwatchCallback()
+    callback.run = run
+    hf_args = hf_state = hf_control = type("Obj", (), {})()
+    logger = RunwatchLogger("cadence")
+    logger._run = run
+    bare: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    step = [0]
+
+    def c_put(d: dict[str, float]) -> None:
+        bare.put((step[0], time.time(), d.copy()))
+
+    def c_log(d: dict[str, float]) -> None:
+        run.log(d, step=step[0])
+
+    def c_hf(d: dict[str, float]) -> None:
+        hf_state.global_step = step[0]  # type: ignore[attr-defined]
+        callback.on_log(hf_args, hf_state, hf_control, logs=d)
+
+    def c_pl(d: dict[str, float]) -> None:
+        logger.log_metrics(d, step=step[0])
+
+    contenders = {"bare put": c_put, "run.log": c_log, "hf on_log": c_hf, "lightning": c_pl}
+    out: dict[str, Any] = {"src": runwatch.__file__}
+    timer = time.perf_counter_ns
+    for label, kind, seconds in PAUSES:
+        ns: dict[str, list[int]] = {name: [] for name in contenders}
+        names = list(contenders)
+        for i in range(steps[label]):
+            pause(kind, seconds)
+            name = names[i % len(names)]
+            call = contenders[name]
+            d = values(i)
+            step[0] += 1
+            t = timer()
+            call(d)
+            ns[name].append(timer() - t)
+        out[label] = {name: stats_us(v) for name, v in ns.items()}
+        while not bare.empty():
+            bare.get_nowait()
+    tight: dict[str, list[int]] = {"bare put": [], "run.log": []}
+    d = values(0)
+    for name in tight:
+        call = contenders[name]
+        for _ in range(20_000):
+            step[0] += 1
+            t = timer()
+            call(d)
+            tight[name].append(timer() - t)
+    out["tight loop"] = {name: stats_us(v) for name, v in tight.items()}
+    run.flush()
+    while not bare.empty():
+        bare.get_nowait()
+    # Wall time added per step to a GIL-holding loop.
+    n_work = calibrate_work()
+    kinds = ("run.log", "bare put")
+    added: dict[str, list[float]] = {k: [] for k in kinds}
+    held: dict[str, list[float]] = {k: [] for k in kinds}
+    for b in range(blocks):
+        walls: dict[str, float] = {}
+        off: dict[str, float] = {}
+        order = ("none", "run.log", "bare put") if b % 2 == 0 else ("bare put", "run.log", "none")
+        for kind in order:
+            call = contenders.get(kind)
+            cpu0, queued0 = schedstat()
+            t = time.perf_counter()
+            for i in range(block_steps):
+                work(n_work)
+                if call is not None:
+                    step[0] += 1
+                    call(values(i))
+            walls[kind] = time.perf_counter() - t
+            cpu1, queued1 = schedstat()
+            # Neither on a CPU nor runnable: blocked, and a loop that never sleeps nor does
+            # I/O blocks only on the GIL. Unlike the wall time, this does not move with
+            # what other processes do to the loop's CPU time on a shared machine.
+            off[kind] = walls[kind] - (cpu1 - cpu0) - (queued1 - queued0)
+            time.sleep(0.15)
+            while not bare.empty():
+                bare.get_nowait()
+        for kind in kinds:
+            added[kind].append((walls[kind] - walls["none"]) / block_steps * 1e6)
+            held[kind].append((off[kind] - off["none"]) / block_steps * 1e6)
+    out["wall added"] = {
+        kind: {"median": statistics.median(v), "blocks": v} for kind, v in added.items()
+    }
+    out["gil wait added"] = {
+        kind: {"median": statistics.median(v), "blocks": v} for kind, v in held.items()
+    }
+    writer = [t for t in threading.enumerate() if t.name == "runwatch-writer"]
+    if writer:
+        run.flush()
+        cpu, _ = schedstat(writer[0].native_id)
+        out["writer cpu s"] = cpu
+        out["points"] = run.stats()["written"]
+    out["step ms"] = None
+    t = time.perf_counter()
+    work(n_work)
+    out["step ms"] = (time.perf_counter() - t) * 1e3
+    run.finish()
+    return out
+
+
+def child_anchor(which: str, steps: int) -> dict:
+    tmp = tempfile.mkdtemp(prefix=f"hook_cadence_{which}_")
+    if which == "wandb":
+        import wandb
+
+        os.environ["WANDB_SILENT"] = "true"
+        run = wandb.init(mode="offline", dir=tmp, project="bench")
+
+        def call(d: dict[str, float], i: int) -> None:
+            run.log(d, step=i)
+
+        version = f"wandb {wandb.__version__} offline log"
+    else:
+        import tensorboardX
+
+        writer = tensorboardX.SummaryWriter(tmp)
+
+        def call(d: dict[str, float], i: int) -> None:
+            for k, v in d.items():
+                writer.add_scalar(k, v, i)
+
+        version = f"tensorboardX {tensorboardX.__version__}, 4 add_scalar"
+    bare: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    ns: dict[str, list[int]] = {"bare put": [], "tool": []}
+    timer = time.perf_counter_ns
+    for i in range(steps):
+        busy(0.010)
+        d = values(i)
+        t = timer()
+        if i % 2:
+            call(d, i)
+            ns["tool"].append(timer() - t)
+        else:
+            bare.put((i, time.time(), d.copy()))
+            ns["bare put"].append(timer() - t)
+    if which == "wandb":
+        run.finish()
+    else:
+        writer.close()
+    return {"name": version, **{k: stats_us(v) for k, v in ns.items()}}
+
+
+def spawn(args: list[str]) -> dict | None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWATCH_")}
+    env["PYTHONWARNINGS"] = "ignore"
+    proc = subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, env=env, timeout=600
+    )
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-3000:])
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# -- the report ----------------------------------------------------------------------------
+def spread(xs: list[float]) -> str:
+    if not xs:
+        return "n/a"
+    if len(xs) == 1 or min(xs) == max(xs):
+        return f"{xs[0]:.1f}"
+    return f"{min(xs):.1f}-{max(xs):.1f}"
+
+
+def report(results: dict[str, list[dict]], anchors: dict[str, list[dict]], args: Any) -> str:
+    lines = [
+        f"# hook cadence: {platform.node()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}",
+        "",
+        f"`python bench/hook_cadence.py --repeats {args.repeats}"
+        f"{' --quick' if args.quick else ''}`; µs, min-max over repeats "
+        "(each a fresh process).",
+        "",
+        "| one call of 4 scalars | version | median µs | p99 µs | median / bare put | "
+        "p99 / bare put |",
+        "|---|---|---|---|---|---|",
+    ]
+    for version, runs in results.items():
+        if not runs:
+            continue
+        for label in ("tight loop", *(p[0] for p in PAUSES)):
+            names = (
+                ("run.log", "bare put")
+                if label == "tight loop"
+                else ("run.log", "hf on_log", "lightning", "bare put")
+            )
+            for name in names:
+                med = [r[label][name]["median"] for r in runs]
+                p99 = [r[label][name]["p99"] for r in runs]
+                rm = [r[label][name]["median"] / r[label]["bare put"]["median"] for r in runs]
+                rp = [r[label][name]["p99"] / r[label]["bare put"]["p99"] for r in runs]
+                ratio = name != "bare put"
+                lines.append(
+                    f"| {name}, {label} | {version} | {spread(med)} | {spread(p99)} | "
+                    f"{spread(rm) + 'x' if ratio else ''} | {spread(rp) + 'x' if ratio else ''} |"
+                )
+    for runs in anchors.values():
+        for r in runs:
+            lines.append(
+                f"| {r['name']}, 10 ms busy | anchor | {r['tool']['median']:.1f} | "
+                f"{r['tool']['p99']:.1f} | {r['tool']['median'] / r['bare put']['median']:.1f}x | "
+                f"{r['tool']['p99'] / r['bare put']['p99']:.1f}x |"
+            )
+    lines += [
+        "",
+        "| wall time added per logged step, GIL-holding loop | version | median over blocks µs "
+        "| blocks (each repeat) |",
+        "|---|---|---|---|",
+    ]
+    for version, runs in results.items():
+        for name in ("run.log", "bare put"):
+            meds = [r["wall added"][name]["median"] for r in runs]
+            every = "; ".join(
+                " ".join(f"{x:.1f}" for x in r["wall added"][name]["blocks"]) for r in runs
+            )
+            lines.append(f"| {name} | {version} | {spread(meds)} | {every} |")
+    lines += [
+        "",
+        "| time the loop waited for the GIL, added per logged step | version | "
+        "median over blocks µs | blocks (each repeat) |",
+        "|---|---|---|---|",
+    ]
+    for version, runs in results.items():
+        for name in ("run.log", "bare put"):
+            meds = [r["gil wait added"][name]["median"] for r in runs]
+            every = "; ".join(
+                " ".join(f"{x:.1f}" for x in r["gil wait added"][name]["blocks"]) for r in runs
+            )
+            lines.append(f"| {name} | {version} | {spread(meds)} | {every} |")
+    lines += [
+        "",
+        "| the writer thread's CPU time, whole child process | version | µs per point written |",
+        "|---|---|---|",
+    ]
+    for version, runs in results.items():
+        per = [r["writer cpu s"] / r["points"] * 1e6 for r in runs if r.get("points")]
+        lines.append(f"| runwatch-writer | {version} | {spread(per)} |")
+    if any(results.values()):
+        step_ms = [r["step ms"] for runs in results.values() for r in runs]
+        lines.append("")
+        lines.append(
+            f"A step of the GIL-holding loop took {spread(step_ms)} ms of Python work; "
+            f"blocks of {args.block_steps} steps."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", default="/tmp/hook_before", help="checkout of the old hook")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="fewer steps (a smoke run)")
+    parser.add_argument("--blocks", type=int, default=8)
+    parser.add_argument("--block-steps", type=int, default=400)
+    parser.add_argument("--no-save", action="store_true", help="do not write bench/results")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--src", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    scale = 0.25 if args.quick else 1.0
+    steps = {
+        "10 ms busy": int(400 * scale),
+        "30 ms sleep": int(200 * scale),
+        "1 ms busy": int(2000 * scale),
+    }
+    blocks = max(2, int(args.blocks * scale))
+    if args.child == "runwatch":
+        print(json.dumps(child_runwatch(args.src, steps, blocks, args.block_steps)))
+        return
+    if args.child in ("wandb", "tensorboardX"):
+        print(json.dumps(child_anchor(args.child, int(200 * scale))))
+        return
+    versions = {"this change": str(HERE.parent)}
+    if Path(args.before, "runwatch").is_dir():
+        versions["before"] = args.before
+    else:
+        print(f"no checkout of the old hook at {args.before}: that anchor is left out")
+    results: dict[str, list[dict]] = {v: [] for v in versions}
+    anchors: dict[str, list[dict]] = {"wandb": [], "tensorboardX": []}
+    started = time.perf_counter()
+    for rep in range(args.repeats):
+        order = list(versions.items()) if rep % 2 == 0 else list(versions.items())[::-1]
+        for version, src in order:
+            got = spawn(
+                [
+                    "--child",
+                    "runwatch",
+                    "--src",
+                    src,
+                    "--block-steps",
+                    str(args.block_steps),
+                    "--blocks",
+                    str(args.blocks),
+                ]
+                + (["--quick"] if args.quick else [])
+            )
+            if got is not None:
+                results[version].append(got)
+            print(
+                f"  repeat {rep + 1}, {version}: {time.perf_counter() - started:.0f} s",
+                file=sys.stderr,
+            )
+        for which in anchors:
+            got = spawn(["--child", which] + (["--quick"] if args.quick else []))
+            if got is not None:
+                anchors[which].append(got)
+            else:
+                print(f"  {which}: not installed or failed; left out", file=sys.stderr)
+    text = report(results, anchors, args)
+    print(text)
+    if not args.no_save:
+        RESULTS.parent.mkdir(exist_ok=True)
+        RESULTS.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
