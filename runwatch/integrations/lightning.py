@@ -11,6 +11,13 @@ The run starts lazily, when Lightning hands over the model (``log_graph``, right
 ``total_steps`` from the start: the store takes a run's config when the run begins.
 Only global rank 0 logs (Lightning's ``rank_zero_only``), because Lightning's DDP launcher
 sets ``LOCAL_RANK`` but not ``RANK`` and every process would otherwise look like rank 0.
+
+Under DDP, ``GradNormCallback`` also turns on :mod:`runwatch.torch` when training starts: each
+rank's own compute and all-reduce wait per step (``step_time_compute``, ``comm_wait_time``),
+what the straggler detector needs. Every rank logs them when the run pushes to a server
+(``url=`` or ``$RUNWATCH_URL``: ranks other than 0 then start a run of their own, labelled
+with their rank); into a local store only rank 0 writes, so only its own time and wait are
+kept (its wait still says that the job waits for someone). ``stragglers=False`` turns it off.
 """
 
 from __future__ import annotations
@@ -215,8 +222,10 @@ class GradNormCallback(pl.Callback):
     started last; ranks other than 0 do nothing.
     """
 
-    def __init__(self, clock: Any = time.perf_counter) -> None:
+    def __init__(self, clock: Any = time.perf_counter, *, stragglers: bool = True) -> None:
         self._clock = clock
+        self._stragglers = stragglers
+        self._rank_run: Run | None = None  # a rank other than 0's own run (server only)
         self._logger: RunwatchLogger | None = None
         self._started = 0.0
         self._step = 0
@@ -240,6 +249,43 @@ class GradNormCallback(pl.Callback):
                 "runwatch run; grad_norm and step_time_s are not logged"
             )
         return run
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Under DDP, time each rank's compute and wait (see the module doc)."""
+        if not self._stragglers:
+            return
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = getattr(trainer.strategy, "model", None)
+        if not isinstance(model, DistributedDataParallel):
+            return
+        try:
+            import runwatch.torch as rt
+
+            run = self._run(trainer) if trainer.global_rank == 0 else self._start_rank_run()
+            if run is not None:
+                rt.instrument(model, run)
+        except Exception as exc:  # one line, and training goes on without the timing
+            log.warning("runwatch: no per-rank timing: %s", exc)
+
+    def _start_rank_run(self) -> Run | None:
+        """A run for a rank other than 0, when the logger pushes to a server (one SQLite
+        file takes one writer: rank 0)."""
+        logger = self._logger
+        if logger is None:
+            return None
+        options = dict(logger._options)
+        if not (options.get("url") or os.environ.get("RUNWATCH_URL")):
+            return None
+        self._rank_run = init(logger.name, config=logger._config, **options)
+        return self._rank_run
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if "runwatch.torch" in sys.modules:
+            sys.modules["runwatch.torch"].flush_all()
+        if self._rank_run is not None:
+            self._rank_run.finish()
+            self._rank_run = None
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int

@@ -100,3 +100,17 @@ def test_half_the_fleet_slow_is_a_job_wide_shift_not_stragglers():
 def test_bad_parameters_are_rejected_naming_valid_values(kw):
     with pytest.raises(ValueError, match="valid values"):
         StragglerDetector(**kw)
+
+
+def test_the_floor_of_a_few_steps_sees_a_straggler_through_one_sided_spikes():
+    """Three ranks whose own time gains 20-100% in a step in four (preemption): step by step
+    the spikes outvote a 20% straggler; the floor of 9 steps does not, and accuses nobody."""
+    rng = np.random.default_rng(11)
+    t = 1.0 + 0.01 * rng.standard_normal((400, 3))
+    t += (rng.random((400, 3)) < 0.25) * rng.uniform(0.2, 1.0, (400, 3))
+    t[200:, 1] += 0.2
+    plain = feed(StragglerDetector(), t)
+    assert not [a for a in plain if 200 <= a.details["detected_at"] <= 250]
+    (a,) = feed(StragglerDetector(smooth=9, short_ratio=1e9), t)
+    assert a.labels == {"rank": 1} and 200 <= a.details["detected_at"] <= 250
+    assert a.details["slowdown"] == pytest.approx(1.2, abs=0.03)

@@ -52,9 +52,10 @@ OWN_TIME_METRIC = "step_time_compute"
 """Each rank's own time per step, as ``runwatch.torch`` measures it (role ``step_time``)."""
 WAIT_METRIC = "comm_wait_time"
 """Each rank's wait in the step's all-reduce (``runwatch.torch``): the straggler waits least."""
-OWN_TIME_SMOOTH = 5
-"""Steps each rank's own time is median-smoothed over before the straggler rule: measured
-per step on a busy host, it carries preemption spikes the user's step time averages out."""
+OWN_TIME_SMOOTH = 9
+"""Steps over which each rank's own time is floored (its minimum) before the straggler rule:
+measured per step on a busy host it carries one-sided preemption spikes
+(``StragglerDetector(smooth=...)``, ``bench/README-stragglers.md``)."""
 WAIT_MEMORY = 500
 """Wait readings kept per rank (live) to say whether a named straggler also waited least."""
 

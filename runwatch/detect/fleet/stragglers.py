@@ -33,9 +33,12 @@ Misses: ranks slower by less than the per-step threshold; slowdowns shorter than
 ``min_fraction * window`` steps unless ``short_ratio`` large; half the fleet or more slowing
 down together (the median
 moves with them -- that is a job-wide regression, for the step-time Regression detector).
-``smooth`` > 1 feeds each rank's median of its last ``smooth`` readings to the rule instead of
-the reading: on a loaded CPU a rank's own time is inflated by a few ms in about a step in four
-(preemption), which outvotes a real 2x straggler step by step (``bench/README-stragglers.md``).
+``smooth`` > 1 feeds each rank's *minimum* over its last ``smooth`` readings to the rule instead
+of the reading. Noise on a measured time is one-sided -- a preemption or a page fault delays a
+step, nothing speeds one up -- so the floor of a few steps is the rank's real speed: on a
+loaded CPU a rank's own time gains a few ms in about a step in four, which outvotes a real
+1.5x straggler step by step (``bench/README-stragglers.md``). It delays detection by up to
+``smooth`` steps and a recovery by as many.
 The baseline is the fleet at the same step, so nothing is learned from a straggler: there is
 no baseline to protect. Memory is O(window x ranks), whatever the length of the run.
 
@@ -241,14 +244,13 @@ class StragglerDetector:
 
     # -- internals -------------------------------------------------------------------------
     def _smoothed(self, x: np.ndarray) -> np.ndarray:
-        """Each rank's median over its last ``smooth`` readings: a reading a preemption or a
-        page fault inflated (a few ms, a step in four on a loaded CPU) is outvoted."""
+        """Each rank's floor over its last ``smooth`` readings (see the module doc)."""
         self._raw[self._raw_t % self.smooth] = x
         self._raw_t += 1
         filled = self._raw[: min(self._raw_t, self.smooth)]
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # a rank with no reading yet
-            out = np.nanmedian(filled, axis=0)
+            out = np.nanmin(filled, axis=0)
         return np.where(np.isfinite(x), out, np.nan)
 
     def _big_counts(self) -> np.ndarray:
