@@ -8,7 +8,8 @@ Each trial is one ``torchrun --nproc_per_node 3 tests/torch/ddp_job.py`` job: th
 
 - ``+50%`` / ``+10%``: one rank's own time (its device's share) grows by that much from step
   100. Named = a straggler episode on that rank opened by step 150 (within 50 steps).
-- ``all +100%``: every rank slowed together from step 100: the per-series Monitor's
+- ``all +100%``: every rank's device takes 100% of the 10 ms device time more from step 100
+  (the same on every rank): the per-series Monitor's
   step-time episodes over the three ranks (``analyze_run`` on each rank's store), before and
   after ``merge_job_wide``; one finding per metric is the goal.
 - ``none``: no rank slowed.

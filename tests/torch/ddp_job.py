@@ -9,8 +9,9 @@ cores would time the scheduler, not the ranks). It logs ``loss`` and its wall ``
 as the README shows and calls ``runwatch.torch.instrument(model)``, into a store of its own
 (``DIR/rank{r}.db``). From ``--from-step`` a slowed rank's device takes ``factor`` x the
 rank's healthy own time (its median ``step_time_compute`` so far) more each step; ``--all``
-slows every rank. A hanging rank sleeps ``--hang-s`` at ``--hang-step`` and exits, leaving
-the others waiting in the all-reduce. ``--no-instrument`` runs without the hook.
+slows every rank's device by ``factor`` x ``--device-ms``, the same on all. A hanging rank
+sleeps ``--hang-s`` at ``--hang-step`` and exits, leaving the others waiting in the
+all-reduce. ``--no-instrument`` runs without the hook.
 ``DIR/rank{r}.json`` holds the wall step times and the hook's own cost.
 """
 
@@ -80,10 +81,14 @@ def main(argv: list[str] | None = None) -> int:
                 own.append(timer.last_compute)  # the rank's own time, as the hook measures
             if slowed and step == args.from_step:
                 base = statistics.median(own[-50:]) if own else 0.0
-            extra = args.factor * base if slowed and step >= args.from_step else 0.0
+            extra = 0.0
+            if slowed and step >= args.from_step:
+                # A slower device takes `factor` x the rank's healthy own time more; with
+                # --all every device takes the same `factor` x device time more (a job-wide
+                # cause, equal on every rank).
+                extra = args.factor * (args.device_ms / 1000.0 if args.all else base)
             # The device's share of the step: the host waits while it computes, as with a
-            # GPU (3 ranks spinning on 2 cores would time the scheduler, not the ranks). A
-            # slower device takes `factor` x the rank's healthy own time more.
+            # GPU (3 ranks spinning on 2 cores would time the scheduler, not the ranks).
             time.sleep(args.device_ms / 1000.0 + extra)
             if rank == args.hang and step == args.hang_step:
                 time.sleep(args.hang_s)

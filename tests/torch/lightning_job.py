@@ -24,9 +24,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from runwatch.hook.ranks import rank_info
 from runwatch.integrations.lightning import GradNormCallback, RunwatchLogger
 
-OUT = Path(sys.argv[1])
-SLOW = int(sys.argv[2]) if len(sys.argv) > 2 else -1
-BEFORE = rank_info().rank  # from the launcher's variables only
+OUT = Path(".")
+SLOW = -1
+BEFORE: int | None = None
 
 
 class Job(pl.LightningModule):
@@ -63,6 +63,10 @@ class Job(pl.LightningModule):
 
 
 def main() -> None:
+    global OUT, SLOW, BEFORE
+    OUT = Path(sys.argv[1])
+    SLOW = int(sys.argv[2]) if len(sys.argv) > 2 else -1
+    BEFORE = rank_info().rank  # from the launcher's variables only: no process group yet
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4096, 32, generator=g)

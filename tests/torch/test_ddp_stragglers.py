@@ -88,20 +88,20 @@ def test_a_rank_slowed_by_half_computes_most_and_waits_least(tmp_path):
     # the loss (run-level) is logged by rank 0 only; the timings by every rank
     assert set(pts.loc[pts["metric"] == "loss", "rank"].astype(int)) == {0}
     stragglers = [a for a in fleet_anomalies(pts) if a.detector == "straggler"]
-    late = [a for a in stragglers if a.details["detected_at"] >= 120]
-    assert all(a.labels["rank"] == 1 for a in late)
-    for a in late:
-        assert "named by its own compute time (step_time_compute)" in a.message
+    (named,) = [a for a in stragglers if a.labels["rank"] == 1]
+    assert 100 <= named.details["detected_at"] <= 150  # within 50 steps
+    assert named.details["slowdown"] > 1.3 and named.details["wait_agrees"]
+    assert "named by its own compute time (step_time_compute)" in named.message
+    assert "it waits least in the all-reduce" in named.message
+    # a healthy rank may drift a little on two shared cores; it is never made a big straggler
+    assert all(a.details["slowdown"] < 1.2 for a in stragglers if a.labels["rank"] != 1)
 
 
-def test_no_rank_slowed_names_no_straggler_after_warmup(tmp_path):
+def test_no_rank_slowed_names_no_real_straggler(tmp_path):
     pts = run_job(tmp_path, "--steps", "220")
-    late = [
-        a
-        for a in fleet_anomalies(pts)
-        if a.detector == "straggler" and a.details["detected_at"] >= 100
-    ]
-    assert late == []
+    stragglers = [a for a in fleet_anomalies(pts) if a.detector == "straggler"]
+    # a healthy rank drifting a little is possible here (bench/results/ddp_stragglers.md)
+    assert all(a.details["slowdown"] < 1.2 for a in stragglers), [a.message for a in stragglers]
 
 
 def test_every_rank_slowed_is_one_job_wide_finding(tmp_path):
@@ -114,11 +114,9 @@ def test_every_rank_slowed_is_one_job_wide_finding(tmp_path):
             for a in analyze_run(store, "ddp-job", save=False).anomalies
             if a.metric in ("step_time", "step_time_compute")
         ]
-    assert not [
-        a
-        for a in fleet_anomalies(pts)
-        if a.detector == "straggler" and a.details["detected_at"] >= 120
-    ]
+    # the fleet median moves with every rank: nobody is made a straggler of it
+    stragglers = [a for a in fleet_anomalies(pts) if a.detector == "straggler"]
+    assert all(a.details["slowdown"] < 1.2 for a in stragglers), [a.message for a in stragglers]
     flagged: dict = {}
     for a in per_rank:
         flagged.setdefault((a.detector, a.metric), set()).add(a.labels["rank"])
