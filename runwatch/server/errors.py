@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from runwatch.server.schemas import ErrorOut
+from runwatch.store.errors import StoreUnavailableError
 
 log = logging.getLogger("runwatch.server")
 
@@ -117,9 +118,15 @@ def install_handlers(app: FastAPI) -> None:
         )
         return json_error(ApiError(500, "internal error", None, type(exc).__name__))
 
+    async def store_unavailable(_: Request, exc: Exception) -> JSONResponse:
+        # The database is down or restarting: the client keeps the batch and retries.
+        log.warning("runwatch serve: the store is unavailable: %s", exc)
+        return json_error(ApiError(503, "store unavailable", None, str(exc), {"Retry-After": "1"}))
+
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(StoreUnavailableError, store_unavailable)
     app.add_exception_handler(Exception, internal_error)
 
 

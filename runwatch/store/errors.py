@@ -37,3 +37,7 @@ class SchemaTooNewError(StoreError):
         )
         self.path = path
         self.found = found
+
+
+class StoreUnavailableError(StoreError):
+    """The database cannot be reached (down, restarting, network): retry later, not a bug."""

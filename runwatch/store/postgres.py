@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 
-from runwatch.store.errors import SchemaTooNewError, StoreError
+from runwatch.store.errors import SchemaTooNewError, StoreError, StoreUnavailableError
 from runwatch.store.points import BlockAppender
 from runwatch.store.schema import MIGRATIONS, SCHEMA_VERSION
 from runwatch.store.sqlite import Store
@@ -58,10 +58,6 @@ ID_TABLES = frozenset(
 )
 # Tables the SQLite code orders by ``rowid``: on PostgreSQL they get an identity column so named.
 ROWID_TABLES = ("step_context", "alert_attempts")
-
-
-class StoreUnavailableError(StoreError):
-    """The database cannot be reached (down, restarting, network): retry later, not a bug."""
 
 
 def is_postgres_url(path: object) -> bool:

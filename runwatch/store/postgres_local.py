@@ -129,6 +129,15 @@ class LocalCluster:
     def drop_database(self, dbname: str) -> None:
         self.admin(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
 
+    def pause(self) -> None:
+        """Stop the server at once, as a crash would, keeping its data for ``resume``."""
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")
+
+    def resume(self) -> None:
+        """Start the paused server again on the same port and data."""
+        pg_ctl = str(self.bindir / "pg_ctl")
+        self._run(pg_ctl, "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "start")
+
     def stop(self) -> None:
         if self._started:
             try:
