@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runwatch.model import SEVERITIES
-from runwatch.store import DEFAULT_STORE
+from runwatch.store import STORE_HELP, default_store
 
 SILENCE_LABELS = (
     "run", "project", "detector", "metric", "severity", "rank", "host", "gpu", "incident",
@@ -64,7 +64,7 @@ def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
 
 
 def _db(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", default=DEFAULT_STORE, metavar="DB", help="the store")
+    parser.add_argument("--db", default=default_store(), metavar="DB", help=STORE_HELP)
 
 
 def _cmd_silence(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from runwatch.dashboard.server import DEFAULT_HOST, DEFAULT_PORT, serve
 from runwatch.extras import require
-from runwatch.store import DEFAULT_STORE
+from runwatch.store import STORE_HELP, default_store, is_store_url, store_label
 
 
 def register(sub: argparse._SubParsersAction) -> dict[str, Callable[[argparse.Namespace], int]]:
@@ -21,9 +21,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable[[argparse.Na
         "on a store. It binds to 127.0.0.1 unless told otherwise: the dashboard has no "
         "login, and verdicts written through it are signed with whatever name is typed.",
     )
-    p.add_argument(
-        "--db", default=DEFAULT_STORE, metavar="DB", help=f"the store (default: {DEFAULT_STORE})"
-    )
+    p.add_argument("--db", default=default_store(), metavar="DB", help=STORE_HELP)
     p.add_argument(
         "--host",
         default=DEFAULT_HOST,
@@ -36,11 +34,12 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable[[argparse.Na
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
     require("dashboard", "dashboard")
-    if not Path(args.db).exists():
+    if not is_store_url(args.db) and not Path(args.db).exists():
         # Serve anyway: a dashboard started before the training job shows a hint and then
         # the run, as soon as the first point lands.
         print(
-            f"runwatch dashboard: warning: {args.db} does not exist yet; the pages will say "
+            f"runwatch dashboard: warning: {store_label(args.db)} does not exist yet; the pages "
+            "will say "
             "so until a run writes to it",
             file=sys.stderr,
         )

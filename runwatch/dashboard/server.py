@@ -25,6 +25,7 @@ import webbrowser
 from pathlib import Path
 
 from runwatch.dashboard import APP_ICON, DB_ENV, SERVE_PATH
+from runwatch.store import is_store_url, store_label
 
 log = logging.getLogger("runwatch.dashboard")
 
@@ -104,7 +105,7 @@ def wait_ready(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = 
 def launch(db: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> subprocess.Popen:
     """Start the dashboard on ``db`` as a child process (for the demo and tests)."""
     check_port(host, port)
-    env = {**os.environ, DB_ENV: str(Path(db).resolve())}
+    env = {**os.environ, DB_ENV: _absolute(db)}
     cmd = [sys.executable, "-m", "streamlit", *streamlit_args(host, port)]
     log.info("starting dashboard: %s", " ".join(cmd))
     # stderr goes to a file, not a pipe: nobody reads a pipe while the demo runs, and a full
@@ -172,9 +173,9 @@ def serve(db: str, host: str, port: int, open_browser: bool) -> int:
     from runwatch.dashboard.streamlit_internals import run_cli
 
     check_port(host, port)
-    os.environ[DB_ENV] = str(Path(db).resolve())
+    os.environ[DB_ENV] = _absolute(db)
     url = url_of(host, port)
-    print(f"runwatch dashboard on {db}: {url}  (Ctrl-C to stop)", flush=True)
+    print(f"runwatch dashboard on {store_label(db)}: {url}  (Ctrl-C to stop)", flush=True)
     if open_browser:
         threading.Thread(target=_open_when_ready, args=(url,), daemon=True).start()
     try:
@@ -202,3 +203,9 @@ def open_browser_if_desktop(url: str) -> None:
 def _open_when_ready(url: str) -> None:
     if wait_ready(url):
         open_browser_if_desktop(url)
+
+
+def _absolute(db: str) -> str:
+    """The store for the pages: a file as an absolute path (they run in another directory),
+    a database URL as given."""
+    return db if is_store_url(db) else str(Path(db).resolve())

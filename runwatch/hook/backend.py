@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from runwatch.model import Event, SeriesBatch
-from runwatch.store import Store, StoreError
+from runwatch.store import Store, StoreError, is_store_url, store_label
 from runwatch.store.context import StepContext
 
 
@@ -80,10 +80,12 @@ class Backend(Protocol):
 
 
 class StoreBackend:
-    """The embedded default: write straight into a SQLite store file."""
+    """The embedded default: write straight into a SQLite store file (or a PostgreSQL
+    database given by URL, whose password no message shows)."""
 
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout_s: float = 1.0) -> None:
         self.location = os.fspath(path)
+        self.label = store_label(self.location)
         self.store = Store(self.location, busy_timeout_s=busy_timeout_s)
         self.run_id: int | None = None
 
@@ -111,9 +113,9 @@ class StoreBackend:
         contexts: Sequence[StepContext] = (),
     ) -> None:
         # SQLite would write on happily into a deleted file, and the points would vanish.
-        if not os.path.exists(self.location):
+        if not is_store_url(self.location) and not os.path.exists(self.location):
             raise BackendError(
-                f"the store {self.location} was deleted while the run was writing",
+                f"the store {self.label} was deleted while the run was writing",
                 reason="store_gone",
                 retry=False,
             )
@@ -127,14 +129,14 @@ class StoreBackend:
                 self.store.write(self.run_id, attempt, by_id, events)
                 self.store.add_context(self.run_id, attempt, contexts)
         except (sqlite3.Error, StoreError) as exc:
-            raise BackendError(f"{self.location}: {exc}") from exc
+            raise BackendError(f"{self.label}: {exc}") from exc
 
     def begin_attempt(self, step: int, message: str) -> int:
         assert self.run_id is not None
         try:
             return self.store.begin_attempt(self.run_id, step, "restart", message=message)
         except (sqlite3.Error, StoreError) as exc:
-            raise BackendError(f"{self.location}: {exc}") from exc
+            raise BackendError(f"{self.label}: {exc}") from exc
 
     def finish(
         self, attempt: int | None, last_step: int | None, status: str, drops: Mapping[str, int]

@@ -37,7 +37,7 @@ from runwatch.hook.ranks import keeps_metric, rank_info, rank_labels
 from runwatch.hook.transport import HttpBackend, make_backend_from_env
 from runwatch.hook.writer import ContextUpdate, Flow, Writer
 from runwatch.model import EVENT_KINDS, Event, SeriesBatch
-from runwatch.store import DEFAULT_STORE, RunExistsError
+from runwatch.store import DEFAULT_STORE, RunExistsError, store_label
 
 log = logging.getLogger("runwatch.hook")
 
@@ -180,7 +180,7 @@ class Run:
             log.error(
                 "runwatch: cannot open %s (%s); this run will not be recorded, its points "
                 "are counted as dropped (store_error)",
-                self.store_path if backend is None else backend.location,
+                store_label(self.store_path if backend is None else backend.location),
                 exc,
             )
             return

@@ -45,7 +45,7 @@ from runwatch.hook.drain import Drain
 from runwatch.hook.drops import DropCounter
 from runwatch.hook.values import RefusedValue, name_problem, to_float
 from runwatch.model import Event, SeriesBatch, SeriesPoints
-from runwatch.store import labels_key
+from runwatch.store import labels_key, store_label
 from runwatch.store.context import (
     MAX_CONTEXT_KEYS,
     MAX_CONTEXT_TEXT,
@@ -575,7 +575,7 @@ class Writer:
             f"{error.reason}:{error}",
             "runwatch: could not write %d points to %s (%s); dropped and counted (%s)",
             n,
-            self._backend.location,
+            store_label(self._backend.location),
             error,
             error.reason,
         )
