@@ -96,7 +96,7 @@ def rank_info(env: Mapping[str, str] = os.environ, host: str | None = None) -> R
         if rank is not None:
             return RankInfo(rank, _int(env, local_key), _int(env, size_key), host)
     size = _int(env, "WORLD_SIZE")
-    if local is not None:  # Lightning's launcher (and torch.distributed.launch --use-env)
+    if local is not None and size is not None and size > 1:  # Lightning's launcher
         node = _int(env, "NODE_RANK") or _int(env, "GROUP_RANK") or 0
         per_node = _int(env, "LOCAL_WORLD_SIZE")
         if node == 0:

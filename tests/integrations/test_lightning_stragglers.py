@@ -38,6 +38,7 @@ def test_lightning_ddp_ranks_are_told_apart_and_rank_zero_times_its_wait(tmp_pat
     assert set(pts["rank"].astype(int)) == {0}
     wait = pts[pts["metric"] == "comm_wait_time"].set_index("step")["value"]
     own = pts[pts["metric"] == "step_time_compute"].set_index("step")["value"]
-    # rank 1 slows from step 40: rank 0's own time stays, its wait grows by about 15 ms
-    assert wait.loc[50:].median() - wait.loc[5:38].median() > 0.008
-    assert abs(own.loc[50:].median() - own.loc[5:38].median()) < 0.005
+    # rank 1 slows from step 40 by 30 ms: rank 0 waits about that much more, and the time is
+    # not put on rank 0's own account (its own time may fall as warm-up ends, not rise)
+    assert wait.loc[50:].median() - wait.loc[15:38].median() > 0.015
+    assert own.loc[50:].median() - own.loc[15:38].median() < 0.010

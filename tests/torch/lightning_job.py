@@ -4,7 +4,7 @@ setting ``LOCAL_RANK``, ``NODE_RANK`` and ``WORLD_SIZE`` but not ``RANK``).
     python tests/torch/lightning_job.py OUT_DIR [SLOW_RANK]
 
 Rank 0 logs through ``RunwatchLogger`` into ``OUT_DIR/rw.db``; ``GradNormCallback`` turns
-``runwatch.torch`` on. From step 40 ``SLOW_RANK`` sleeps 15 ms more a step. Each process
+``runwatch.torch`` on. From step 40 ``SLOW_RANK`` sleeps 30 ms more a step. Each process
 writes the rank ``runwatch.hook.ranks.rank_info`` reads, before and after the process group
 is up, to ``OUT_DIR/rank-<pid>.json``.
 """
@@ -38,7 +38,7 @@ class Job(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         if self.global_rank == SLOW and self.global_step >= 40:
-            time.sleep(0.015)
+            time.sleep(0.030)
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.net(x), y)
         self.log("train_loss", loss)

@@ -88,3 +88,8 @@ def test_sections_sum_per_step_and_log_once_per_step_with_their_metric_names():
         (1, {"section_data_time": 0.5}),
     ]
     assert section_metric("wait") == "comm_wait_time"
+
+
+def test_a_lone_process_with_only_local_rank_stays_unlabelled():
+    assert rank_info({"LOCAL_RANK": "0"}, host="h").rank is None
+    assert rank_info({"LOCAL_RANK": "0", "WORLD_SIZE": "1"}, host="h").rank is None
