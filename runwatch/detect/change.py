@@ -45,8 +45,8 @@ class Change(CoreDetector):
     >>> acc[100:] = [0.3] * 20
     >>> d = Change("down")
     >>> hits = [(s, sig) for s, v in enumerate(acc) if (sig := d.update(s, v))]
-    >>> hits[0][0], hits[0][1].severity, round(hits[0][1].details["change"], 2)
-    (100, 'warning', -0.63)
+    >>> hits[0][0], hits[0][1].severity, round(hits[0][1].details["change"], 1)
+    (100, 'warning', -0.6)
     """
 
     quiet = 5
