@@ -97,7 +97,19 @@ def test_watch_follows_runs_flags_a_nan_and_survives_kill_9(tmp_path: Path) -> N
             )
 
         wait_for("a nonfinite anomaly at step 30", nonfinite)
-        wait_for("the saved position", lambda: state_path(str(db), str(root)).exists())
+
+        def saved_to_the_end() -> bool:
+            # The writer may store a point before the watcher saves its position; a kill in
+            # between reads it again on restart (stored twice, read once). Kill after the
+            # save, so the count below is exact.
+            path = state_path(str(db), str(root))
+            if not path.exists():
+                return False
+            files = json.loads(path.read_text())["source"]["files"]
+            ends = {key: (root / key).stat().st_size for key in files if key.startswith("a/")}
+            return bool(ends) and all(files[k]["offset"] == size for k, size in ends.items())
+
+        wait_for("the saved position at the end of run a's event file", saved_to_the_end)
 
         watcher.kill()  # SIGKILL: no finish, no last save
         watcher.wait()
@@ -168,6 +180,13 @@ def test_watch_log_follows_a_job_log_and_resumes_after_kill_9(tmp_path: Path) ->
             return bool(hit.any())
 
         wait_for("a nonfinite anomaly at step 20", nonfinite)
+
+        def saved_to_the_end() -> bool:  # kill after the save: see the TensorBoard test
+            path = state_path(str(db), str(log))
+            saved = json.loads(path.read_text())["source"] if path.exists() else {}
+            return saved.get("offset") == log.stat().st_size
+
+        wait_for("the saved position at the end of the log", saved_to_the_end)
         watcher.kill()
         watcher.wait()
         with log.open("a") as fh:
