@@ -14,6 +14,8 @@ log = logging.getLogger("runwatch.hook")
 
 DROP_REASONS: dict[str, str] = {
     "queue_full": "the writer fell behind and the log queue was full",
+    "other_rank": "a run-level metric logged on a rank other than 0 (keep it with "
+    "per_rank=[...] or all_ranks=True)",
     "worker_dead": "the writer thread was not running (interpreter shutting down?)",
     "finished": "the run was already finished",
     "forked_child": "logged from a forked child process (call runwatch.init() there)",

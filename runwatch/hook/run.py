@@ -26,14 +26,13 @@ import sys
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
 from typing import Any, Protocol
 
 from runwatch.guard import error_counts
 from runwatch.hook.backend import Backend, ReferenceRefused, StoreBackend
 from runwatch.hook.cpu_wait import CpuWait
 from runwatch.hook.drops import DROP_REASONS, DropCounter
-from runwatch.hook.ranks import keeps_metric, rank_info, rank_labels
+from runwatch.hook.ranks import RankPolicy, rank_info, rank_labels
 from runwatch.hook.transport import HttpBackend, make_backend_from_env
 from runwatch.hook.writer import ContextUpdate, Flow, Writer
 from runwatch.model import EVENT_KINDS, Event, SeriesBatch
@@ -145,6 +144,7 @@ class Run:
         self._extras: Extras | None = None
         self.run_id: int | None = None
         self._finished = False
+        self._sections: Any = None  # runwatch.hook.sections.Sections, on first use
         self._pid = os.getpid()
         self._alert_timeout = alert_timeout
         # Checked before anything is written: a wrong reference run fails here. With a
@@ -371,6 +371,17 @@ class Run:
         """The step the next ``log`` without ``step=`` will use."""
         return int(self._next_step)
 
+    def section(self, name: str) -> Any:
+        """Time a block of this step as ``name``: ``with run.section("compute"):`` around the
+        rank's own work (logged as ``step_time_compute``, the straggler detector's own-time
+        signal), ``"wait"``/``"comm"`` around waiting for the others (``comm_wait_time``),
+        any other name as ``section_<name>_time``; each step's totals once per step."""
+        if self._sections is None:
+            from runwatch.hook.sections import Sections
+
+            self._sections = Sections(self)
+        return self._sections.section(name)
+
     def event(self, kind: str, step: int | None = None, message: str = "", **attrs: Any) -> None:
         """Record an event (checkpoint, crash, xid, note, ...) at ``step`` (default: current)."""
         if kind not in EVENT_KINDS:
@@ -407,6 +418,7 @@ class Run:
         if self._finished or os.getpid() != self._pid:
             return
         self._finished = True
+        self._flush_timings()
         self._accepting = False
         self._closed_reason = "finished"
         timeout = self._finish_timeout if timeout is None else timeout
@@ -427,6 +439,14 @@ class Run:
         if _current is self:
             _current = None
         _live_runs.discard(self)
+
+    def _flush_timings(self) -> None:
+        """Log the last step's section totals and ``runwatch.torch`` timings before closing."""
+        if self._sections is not None:
+            self._sections.flush()
+        ddp = sys.modules.get("runwatch.torch.ddp")
+        if ddp is not None:
+            ddp.flush_all()
 
     def _close_backend(self, status: str) -> None:
         dropped = self._drops.snapshot()
@@ -499,9 +519,14 @@ def init(
         ``$RUNWATCH_TOKEN_FILE``): for multi-process and multi-node runs. The rank, world
         size and host come from the launcher (torchrun, SLURM, MPI) and label every series;
         every rank joins one run and one attempt.
-    all_ranks
+    all_ranks, per_rank
         Keep every metric of every rank (default: rank 0 logs the run-level metrics, every
-        rank its own step time and telemetry).
+        rank its own step time and telemetry), or the metrics named in ``per_rank``
+        (``["compute_time", "attn/*"]``). Another run-level metric logged on a rank other
+        than 0 is dropped, counted (``other_rank``) and named in one warning. In synchronous
+        DDP the wall step time is the same on every rank: ``runwatch.torch.instrument(model)``
+        (after wrapping it in DDP) logs each rank's own compute and wait, and in a plain loop
+        ``with run.section("compute"):`` around the rank's own work does the same.
     monitor
         Live detection (default on; a mapping gives metric roles; ``False`` turns it off).
     reference
@@ -559,8 +584,9 @@ def init(
         # a plain single process keeps unlabelled series, as before
         options["labels"] = rank_labels()
     all_ranks = options.pop("all_ranks", False)
+    per_rank = options.pop("per_rank", ())
     if not all_ranks and info.rank not in (None, 0):
-        options["keep_metric"] = partial(keeps_metric, rank=info.rank)
+        options["keep_metric"] = RankPolicy(info.rank, per_rank)
     run = Run(name, project=project, config=config, store=path, resume=resume, **options)
     _current = run
     return run

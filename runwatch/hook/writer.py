@@ -273,6 +273,7 @@ class Writer:
                 self._drops.add("bad_name", n)
                 continue
             if buf is _OTHER_RANKS_METRIC:
+                self._drops.add("other_rank", n)
                 continue
             buf.steps.extend(steps)
             buf.times.extend(times)
@@ -344,7 +345,8 @@ class Writer:
         if buf is _REFUSED_NAME:
             self._drops.add("bad_name")
             return
-        if buf is _OTHER_RANKS_METRIC:  # by policy, not an error: not counted as dropped
+        if buf is _OTHER_RANKS_METRIC:  # by policy, counted; the policy warned once
+            self._drops.add("other_rank")
             return
         if type(value) is not float:
             try:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from runwatch.detect.fleet.jobwide import merge_job_wide
 from runwatch.detect.monitor import Monitor
 from runwatch.detect.replay import replay, replay_input
 from runwatch.detect.roles import role_of
@@ -91,6 +92,9 @@ def analyze_run(
     # were behind when a hang struck are in the attempt its restart superseded. Only the
     # series they use are read again.
     anomalies += run_fleet_anomalies(store, run, events, monitor.config)
+    # One slowdown of the whole job is one finding with its ranks listed, not one per rank.
+    ranks = store.series(run)["rank"].dropna().nunique()
+    anomalies = merge_job_wide(anomalies, ranks=int(ranks) or None)
     if save:
         tell("storing", n, n)
         store.save_anomalies(store.run_id(run), "replay", anomalies, replace=True)
