@@ -240,16 +240,17 @@ class Worker:
             return False
         marker = _Flush()
         self.put(marker)
-        if marker.done.wait(min(FIRST_WAIT_S, timeout)):
-            return True
-        self.log.debug(
-            "runwatch: %d %s pending in %s, waiting up to %.1f s",
-            self.pending(),
-            self.unit,
-            self.name,
-            timeout,
-        )
-        return marker.done.wait(max(0.0, timeout - FIRST_WAIT_S))
+
+        def say() -> None:
+            self.log.debug(
+                "runwatch: %d %s pending in %s, waiting up to %.1f s",
+                self.pending(),
+                self.unit,
+                self.name,
+                timeout,
+            )
+
+        return wait_in_two_phases(marker.done.wait, timeout, say)
 
     def close(self, timeout: float = 10.0) -> bool:
         """Stop after everything submitted is handled, then ``on_stop``; True if the thread
@@ -271,18 +272,17 @@ class Worker:
         self.put(_STOP)
         if thread is threading.current_thread():
             return True  # from a handler: the stop sentinel ends the loop after it
-        thread.join(min(FIRST_WAIT_S, timeout))
-        if not thread.is_alive():
-            return True
-        self.log.info(
-            "runwatch: %d %s pending in %s, waiting up to %.0f s",
-            self.pending(),
-            self.unit,
-            self.name,
-            timeout,
-        )
-        thread.join(max(0.0, timeout - FIRST_WAIT_S))
-        if not thread.is_alive():
+
+        def say() -> None:
+            self.log.info(
+                "runwatch: %d %s pending in %s, waiting up to %.0f s",
+                self.pending(),
+                self.unit,
+                self.name,
+                timeout,
+            )
+
+        if wait_in_two_phases(ended(thread), timeout, say):
             return True
         lost = self.pending()
         if lost > 0:
@@ -389,6 +389,28 @@ class Worker:
         self._closed = True
         self._queue = queue.SimpleQueue()
         self.put = self._queue.put
+
+
+def wait_in_two_phases(
+    wait: Callable[[float], bool], timeout: float, say: Callable[[], None]
+) -> bool:
+    """``wait(seconds)`` (True once done) for up to ``timeout`` s: a short first wait, and
+    only if that was not enough, ``say()`` (a log line naming what is pending) and the rest.
+    Most waits end in the first phase, silently."""
+    if wait(min(FIRST_WAIT_S, timeout)):
+        return True
+    say()
+    return wait(max(0.0, timeout - FIRST_WAIT_S))
+
+
+def ended(thread: threading.Thread) -> Callable[[float], bool]:
+    """A ``wait`` for :func:`wait_in_two_phases`: join ``thread``, True if it ended."""
+
+    def wait(seconds: float) -> bool:
+        thread.join(seconds)
+        return not thread.is_alive()
+
+    return wait
 
 
 def _after_fork_in_child() -> None:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runwatch.guard import Guard
-from runwatch.worker import FIRST_WAIT_S, DropSink
+from runwatch.worker import DropSink, ended, wait_in_two_phases
 
 _STOP = object()
 CALM_DRAINS = 20
@@ -135,16 +135,17 @@ class Drain:
         marker = Flush()
         self.put(marker)
         self._event.set()
-        if marker.done.wait(min(FIRST_WAIT_S, timeout)):
-            return True
-        self.log.debug(
-            "runwatch: %d %s pending in %s, waiting up to %.1f s",
-            self._backlog(),
-            self.unit,
-            self.name,
-            timeout,
-        )
-        return marker.done.wait(max(0.0, timeout - FIRST_WAIT_S))
+
+        def say() -> None:
+            self.log.debug(
+                "runwatch: %d %s pending in %s, waiting up to %.1f s",
+                self._backlog(),
+                self.unit,
+                self.name,
+                timeout,
+            )
+
+        return wait_in_two_phases(marker.done.wait, timeout, say)
 
     def close(self, timeout: float = 10.0) -> bool:
         """Stop after everything put is written; True if the thread ended in ``timeout`` s.
@@ -161,18 +162,17 @@ class Drain:
         self._closed = True
         self.put(_STOP)
         self._event.set()
-        thread.join(min(FIRST_WAIT_S, timeout))
-        if not thread.is_alive():
-            return True
-        self.log.info(
-            "runwatch: %d %s pending in %s, waiting up to %.0f s",
-            self._backlog(),
-            self.unit,
-            self.name,
-            timeout,
-        )
-        thread.join(max(0.0, timeout - FIRST_WAIT_S))
-        if not thread.is_alive():
+
+        def say() -> None:
+            self.log.info(
+                "runwatch: %d %s pending in %s, waiting up to %.0f s",
+                self._backlog(),
+                self.unit,
+                self.name,
+                timeout,
+            )
+
+        if wait_in_two_phases(ended(thread), timeout, say):
             return True
         lost = self._backlog()
         if lost > 0:
