@@ -6,7 +6,9 @@ second would spend the server on commits. Request handlers only validate and enq
 thread takes everything queued (up to ``max_group_points``) and stores it in ONE transaction,
 with each client's highest sequence number in the same transaction. A batch whose ``seq`` is
 not above its client's mark is a retry or a replay and is acknowledged without being stored
-again; because the marks are in the store, this holds across a server restart. Only then is
+again. The marks are read inside that transaction, which holds the store's one write lock
+(SQLite's, or PostgreSQL's advisory lock), so this holds across a server restart and across
+several servers on one database. Only then is
 the request answered, so an acknowledged batch is durable.
 
 After a commit, each run's points go to that run's :class:`LiveDetection` (the same Monitor as
@@ -72,7 +74,6 @@ class IngestWriter:
         self._max_queued = max_queued_points
         self._lock = threading.Lock()
         self._queued = 0
-        self._marks: dict[str, int] = {}
         self._attempts: dict[int, set[int]] = {}
         self._detections: dict[int, LiveDetection] = {}
         self._references: dict[int, Mapping[str, ReferenceCurve]] = {}
@@ -187,13 +188,11 @@ class IngestWriter:
         except Exception:
             # One job broke the group's transaction: store the others one by one.
             log.exception("runwatch serve: a grouped write failed; retrying request by request")
-            self._marks.clear()
             results = []
             for job in ready:
                 try:
                     results.extend(self._commit([job]))
                 except Exception as exc:
-                    self._marks.clear()
                     job.future.set_exception(exc)
         for job, reply, delivered in results:
             job.future.set_result(reply)
@@ -215,13 +214,6 @@ class IngestWriter:
                     f"run {run_id} has attempts {sorted(known)}, not {attempt}",
                 )
 
-    def _mark(self, client_id: str) -> int:
-        mark = self._marks.get(client_id)
-        if mark is None:
-            mark = self.store.client_seqs([client_id]).get(client_id, -1)
-            self._marks[client_id] = mark
-        return mark
-
     def _commit(self, jobs: list[_Job]) -> list[tuple[_Job, dict[str, int], list[Batch]]]:
         store = self.store
         now = time.time()
@@ -232,13 +224,14 @@ class IngestWriter:
             tuple[dict[int, list[tuple[Any, ...]]], list[Event], list[StepContext]],
         ] = {}
         with store.transaction():
+            stored = store.client_seqs({b.client_id for job in jobs for b in job.batches})
             for job in jobs:
                 delivered, points = [], 0
                 for batch in job.batches:
                     last = (
                         marks[batch.client_id][1]
                         if batch.client_id in marks
-                        else self._mark(batch.client_id)
+                        else stored.get(batch.client_id, -1)
                     )
                     if batch.seq <= last:
                         continue
@@ -272,7 +265,6 @@ class IngestWriter:
                 store.write(run_id, attempt, arrays, events, now=now)
                 store.add_context(run_id, attempt, contexts)
             store.set_client_seqs(marks, now)
-        self._marks.update({c: seq for c, (_, seq) in marks.items()})
         self.stored_points += sum(r[1]["points"] for r in results)
         return results
 
