@@ -498,7 +498,7 @@ def init(
     config: Mapping[str, Any] | None = None,
     store: str | os.PathLike[str] | None = None,
     resume: bool | None = None,
-    url: str | None = None,
+    url: str | Sequence[str] | None = None,
     token: str | None = None,
     **options: Any,
 ) -> Run:
@@ -518,7 +518,9 @@ def init(
         Push to ``runwatch serve`` instead (``$RUNWATCH_URL``, ``$RUNWATCH_TOKEN`` or
         ``$RUNWATCH_TOKEN_FILE``): for multi-process and multi-node runs. The rank, world
         size and host come from the launcher (torchrun, SLURM, MPI) and label every series;
-        every rank joins one run and one attempt.
+        every rank joins one run and one attempt. Several servers on one database (a list,
+        or a comma list in ``$RUNWATCH_URL``): the client fails over between them, and a
+        batch retried through another one is stored once.
     all_ranks, per_rank
         Keep every metric of every rank (default: rank 0 logs the run-level metrics, every
         rank its own step time and telemetry), or the metrics named in ``per_rank``

@@ -117,7 +117,7 @@ class HttpBackend:
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         token: str | None,
         *,
         client_id: str | None = None,
@@ -137,7 +137,8 @@ class HttpBackend:
     ) -> None:
         import httpx
 
-        self.location = url.rstrip("/")
+        self.servers = server_urls(url)
+        self.location = self.servers[0]
         self.client_id = client_id or f"c-{uuid.uuid4().hex}"
         self._launch = launch_id
         self._world_size = world_size
@@ -233,9 +234,10 @@ class HttpBackend:
                 problem = _reason(reply)
             except httpx.TransportError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
+            self._fail_over(problem)
             if self._clock() + delay > deadline:
                 raise BackendError(
-                    f"cannot reach {self.location} to start the run: {problem}",
+                    f"cannot reach {', '.join(self.servers)} to start the run: {problem}",
                     reason="server_down",
                     retry=False,
                 )
@@ -441,6 +443,19 @@ class HttpBackend:
         self._backoff = min(self._max_backoff, max(0.1, self._backoff * 2))
         wait = float(retry_after) if retry_after and retry_after.isdigit() else self._backoff
         self._next_try = now + wait
+        if self._fail_over(problem):
+            self._next_try = now  # another server may take it at once
+
+    def _fail_over(self, problem: str) -> bool:
+        """Send to the next of several servers (one database behind them all: a batch
+        retried through another is still stored once); False when there is only one."""
+        if len(self.servers) < 2:
+            return False
+        at = self.servers.index(self.location)
+        self.location = self.servers[(at + 1) % len(self.servers)]
+        self._http.base_url = self.location
+        log.info("runwatch: %s; trying %s", problem, self.location)
+        return True
 
     def _replay(self) -> None:
         """Send the spill, oldest first, while the server takes it."""
@@ -567,8 +582,27 @@ def _reason(reply: httpx.Response) -> str:
         return f"HTTP {reply.status_code}"
 
 
+def server_urls(url: str | Sequence[str]) -> list[str]:
+    """The server URLs of ``url=``: one, a list, or a comma-separated string.
+
+    >>> server_urls("http://a:8765/, http://b:8765")
+    ['http://a:8765', 'http://b:8765']
+    """
+    parts = url.split(",") if isinstance(url, str) else list(url)
+    servers = [str(p).strip().rstrip("/") for p in parts if str(p).strip()]
+    if not servers:
+        raise ValueError(f"url={url!r} names no server; valid: 'http://host:port' or a list")
+    bad = [u for u in servers if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise ValueError(f"server URL {bad[0]!r} is invalid; valid: http://host:port")
+    return servers
+
+
 def make_backend_from_env(
-    url: str | None, token: str | None, env: Mapping[str, str] = os.environ, **options: Any
+    url: str | Sequence[str] | None,
+    token: str | None,
+    env: Mapping[str, str] = os.environ,
+    **options: Any,
 ) -> Backend | None:
     """The HTTP backend for ``runwatch.init(url=..., token=...)`` or ``$RUNWATCH_URL`` /
     ``$RUNWATCH_TOKEN`` (or ``$RUNWATCH_TOKEN_FILE``); None when no URL is given.

@@ -20,7 +20,8 @@ def test_ranks_of_one_launch_share_a_run_and_rank_policy_applies(server, monkeyp
         with runwatch.init(name="ddp", url=server.url, token=TOKEN) as run:
             for step in range(20):
                 run.log({"loss": 3.0 - step * 0.01, "step_time_s": 0.5 + rank * 0.1}, step=step)
-            assert run.stats()["dropped"] == {}
+        # rank 1's run-level loss is not kept, and is counted as such
+        assert run.stats()["dropped"] == ({} if rank == 0 else {"other_rank": 20})
     with open_store(str(server.db), readonly=True) as store:
         series = store.series("ddp")
         runs = store.runs()
@@ -80,3 +81,38 @@ def test_reference_mode_through_the_server(server, token_file, monkeypatch, tmp_
     assert found["message"].str.contains("worse").all()
     with open_store(str(detecting.db), readonly=True) as store:
         assert "lost" not in set(store.runs()["name"])
+
+
+def test_the_client_fails_over_to_another_server_on_one_database(tmp_path, monkeypatch):
+    """Two servers on one store (each its own writer, one database behind them: here one
+    SQLite file): the first is killed mid-run and the client goes on through the second,
+    every point stored once."""
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    db = tmp_path / "shared.db"
+    first, second = (ServerProcess(db, token, "--no-detect") for _ in range(2))
+    first.start()
+    second.start()
+    monkeypatch.setenv("RUNWATCH_SPILL_DIR", str(tmp_path / "spill"))
+    try:
+        run = runwatch.init(name="ha", url=[first.url, second.url], token=TOKEN, cpu_wait=False)
+        for step in range(40):
+            run.log({"loss": 3.0 - step * 0.01}, step=step)
+        assert run.flush(20)
+        first.kill()
+        for step in range(40, 80):
+            run.log({"loss": 3.0 - step * 0.01}, step=step)
+        run.finish(timeout=30)
+        assert run.stats()["dropped"] == {}
+        with open_store(str(db), readonly=True) as store:
+            steps = store.read_points("ha", all_attempts=True)["step"].tolist()
+        assert steps == list(range(80))
+    finally:
+        second.stop()
+
+
+def test_a_url_that_names_no_server_is_refused():
+    with pytest.raises(ValueError, match="names no server"):
+        runwatch.init(name="x", url=" , ", token=TOKEN)
+    with pytest.raises(ValueError, match="'localhost:8765' is invalid"):
+        runwatch.init(name="x", url="localhost:8765", token=TOKEN)
