@@ -73,16 +73,18 @@ def test_sections_sum_per_step_and_log_once_per_step_with_their_metric_names():
     ticks = iter([0.0, 1.0, 1.0, 1.5, 2.0, 2.25, 3.0, 3.5])
     run = _Run()
     s = Sections(run, clock=lambda: next(ticks))
+    ran = []  # each timed block runs its body once, inside the section
     with s.section("compute"):
-        pass
+        ran.append("compute")
     with s.section("comm"):
-        pass
+        ran.append("comm")
     with s.section("compute"):  # a second block of the same step adds up
-        pass
+        ran.append("compute")
     run.step = 1
     with s.section("data"):
-        pass
+        ran.append("data")
     s.flush()
+    assert ran == ["compute", "comm", "compute", "data"]
     assert run.logged == [
         (0, {"step_time_compute": 1.25, "comm_wait_time": 0.5}),
         (1, {"section_data_time": 0.5}),
