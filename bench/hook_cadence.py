@@ -326,32 +326,19 @@ def report(results: dict[str, list[dict]], anchors: dict[str, list[dict]], args:
                 f"{r['tool']['p99']:.1f} | {r['tool']['median'] / r['bare put']['median']:.1f}x | "
                 f"{r['tool']['p99'] / r['bare put']['p99']:.1f}x |"
             )
-    lines += [
-        "",
-        "| wall time added per logged step, GIL-holding loop | version | median over blocks µs "
-        "| blocks (each repeat) |",
-        "|---|---|---|---|",
-    ]
-    for version, runs in results.items():
-        for name in ("run.log", "bare put"):
-            meds = [r["wall added"][name]["median"] for r in runs]
-            every = "; ".join(
-                " ".join(f"{x:.1f}" for x in r["wall added"][name]["blocks"]) for r in runs
-            )
-            lines.append(f"| {name} | {version} | {spread(meds)} | {every} |")
-    lines += [
-        "",
-        "| time the loop waited for the GIL, added per logged step | version | "
-        "median over blocks µs | blocks (each repeat) |",
-        "|---|---|---|---|",
-    ]
-    for version, runs in results.items():
-        for name in ("run.log", "bare put"):
-            meds = [r["gil wait added"][name]["median"] for r in runs]
-            every = "; ".join(
-                " ".join(f"{x:.1f}" for x in r["gil wait added"][name]["blocks"]) for r in runs
-            )
-            lines.append(f"| {name} | {version} | {spread(meds)} | {every} |")
+    for key, title in (
+        ("wall added", "wall time added per logged step, GIL-holding loop"),
+        ("gil wait added", "time the loop waited for the GIL, added per logged step"),
+    ):
+        lines += ["", f"| {title} | version | median over blocks µs | blocks (each repeat) |"]
+        lines.append("|---|---|---|---|")
+        for version, runs in results.items():
+            for name in ("run.log", "bare put"):
+                meds = [r[key][name]["median"] for r in runs]
+                every = "; ".join(
+                    " ".join(f"{x:.1f}" for x in r[key][name]["blocks"]) for r in runs
+                )
+                lines.append(f"| {name} | {version} | {spread(meds)} | {every} |")
     lines += [
         "",
         "| the writer thread's CPU time, whole child process | version | µs per point written |",

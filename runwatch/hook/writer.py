@@ -223,12 +223,6 @@ class Writer:
     def _take_run(self, run: list[tuple[Any, float, dict[Any, Any]]]) -> None:
         """Plain ``run.log`` calls: split where the names change, each part by columns."""
         keys = list(map(tuple, (item[2] for item in run)))
-        first = keys[0]
-        if keys.count(first) == len(keys):
-            if not self._take_columns(run, first):
-                for item in run:
-                    self._take_one(item)
-            return
         start = 0
         for i in range(1, len(keys) + 1):
             if i == len(keys) or keys[i] != keys[start]:
