@@ -82,8 +82,8 @@ class Drain:
         self._base = interval
         self._max_interval = max(interval, max_interval or interval)
         self.interval = interval
-        self._calm = 0
         """Seconds between drains now: ``interval``, stretched under GIL contention."""
+        self._calm = 0  # drains in a row without waiting for the GIL
         self._first = interval if first_tick is None else first_tick
         self._on_stop = on_stop
         self.drops = drops

@@ -21,7 +21,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import queue
 import sys
 import time
 import weakref
@@ -50,8 +49,9 @@ _current: Run | None = None
 _live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 
 
-def _nothing() -> None:
-    """The writer's wake before there is a writer."""
+def _nothing(*_: Any) -> None:
+    """The writer's put and wake while there is no writer (not started, or a forked child):
+    no call gets that far, as the run is not accepting then."""
 
 
 def current_run() -> Run | None:
@@ -135,8 +135,7 @@ class Run:
         self._next_step = 0
         self._accepting = False
         self._closed_reason = "worker_dead"
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._put = self._queue.put
+        self._put: Callable[[Any], None] = _nothing
         self._wake: Callable[[], None] = _nothing
         self._context_given: Any = None  # a copy of the last context= that was queued
         self._writer: Writer | None = None
@@ -299,7 +298,7 @@ class Run:
 
     def _log_with_context(self, data: Mapping[str, Any], step: int, n: int, context: Any) -> None:
         """``log`` with a context that differs from the last one: a copy of it and the call
-        go on the queue as one item (one wake-up of the writer, which checks the context).
+        go on the queue as one item (the writer checks the context).
 
         Few calls on purpose: after a training step's work every call here runs with cold
         caches, at several microseconds each (bench/README-logging.md)."""
@@ -487,8 +486,7 @@ class Run:
         self._closed_reason = "forked_child"
         if self._extras is not None:
             self._extras.after_fork()  # their threads did not survive the fork
-        self._queue = queue.SimpleQueue()
-        self._put = self._queue.put
+        self._put = _nothing
 
 
 def init(
