@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -115,21 +115,34 @@ class BlockAppender:
         self._conn.execute(
             "INSERT INTO point_blocks (series_id, attempt, min_step, max_step, n, sealed, data, "
             "summary) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                series_id,
-                attempt,
-                int(steps.min()),
-                int(steps.max()),
-                len(steps),
-                int(sealed),
-                encode_block(steps, times, values),
-                summarize_block(steps, times, values) if sealed else None,
-            ),
+            block_row(series_id, attempt, steps, times, values, sealed),
         )
 
 
 SUMMARY_GROUP = 32
 """Points per group of a block summary: each group keeps its min, max and first NaN/Inf."""
+
+
+def block_row(
+    series_id: int,
+    attempt: int,
+    steps: np.ndarray,
+    times: np.ndarray,
+    values: np.ndarray,
+    sealed: bool,
+) -> tuple[Any, ...]:
+    """A ``point_blocks`` row, in its column order: the block encoded, and summarized when
+    sealed (an open block is rewritten on the next write)."""
+    return (
+        series_id,
+        attempt,
+        int(steps.min()),
+        int(steps.max()),
+        len(steps),
+        int(sealed),
+        encode_block(steps, times, values),
+        summarize_block(steps, times, values) if sealed else None,
+    )
 
 
 def summarize_block(steps: np.ndarray, times: np.ndarray, values: np.ndarray) -> bytes | None:

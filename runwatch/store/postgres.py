@@ -27,7 +27,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import numpy as np
 
 from runwatch.store.errors import SchemaTooNewError, StoreError, StoreUnavailableError
-from runwatch.store.points import BlockAppender
+from runwatch.store.points import BlockAppender, block_row
 from runwatch.store.schema import MIGRATIONS, SCHEMA_VERSION
 from runwatch.store.sqlite import Store
 
@@ -529,21 +529,7 @@ class CopyBlockAppender(BlockAppender):
             )
 
     def _insert(self, series_id, attempt, steps, times, values, sealed):  # type: ignore[no-untyped-def]
-        from runwatch.store.codec import encode_block
-        from runwatch.store.points import summarize_block
-
-        self._rows.append(
-            (
-                series_id,
-                attempt,
-                int(steps.min()),
-                int(steps.max()),
-                len(steps),
-                int(sealed),
-                encode_block(steps, times, values),
-                summarize_block(steps, times, values) if sealed else None,
-            )
-        )
+        self._rows.append(block_row(series_id, attempt, steps, times, values, sealed))
 
     def _count_unsealed(self, series_id: int, attempt: int) -> int:
         self.flush()
