@@ -22,6 +22,14 @@ on, as shipped), on this 2-core machine, clients and server sharing the cores:
    restarted 10 s later on the same store. Checks every point arrives once, in step order.
 3. peak: a few client processes post large pre-encoded columnar JSON batches (64 series x 2,000
    points) as fast as the server acknowledges them; reports points/s stored.
+4. replicas (PostgreSQL only): ``--replicas`` servers on one fresh database behind a load
+   balancer (``--balancer``: HAProxy when installed, else bench/balancer.py's round-robin TCP
+   balancer; ``none`` gives the clients every replica's URL instead), the steady load for
+   ``--duration`` s, one replica SIGKILLed every ``--kill-every`` s (round robin) and restarted
+   10 s later on the same port. Checks every (series, step) is stored once from the raw point
+   rows; reports batch latency, client retries and failovers, each replica's CPU.
+
+    python bench/ingest.py --db pg-local --phases replicas --ranks 256 --duration 300
 """
 
 from __future__ import annotations
@@ -121,6 +129,8 @@ class TimedBackend(HttpBackend):
     """Records how long each batch POST takes to be acknowledged (durable)."""
 
     latencies: list[float]
+    failures = 0  # requests that failed and will be retried (the transport's own count)
+    failovers = 0  # moves to the next of several URLs (``--balancer none``)
 
     def _post(self, lines: list[bytes], points: int) -> str:
         t0 = time.perf_counter()
@@ -129,8 +139,19 @@ class TimedBackend(HttpBackend):
             self.latencies.append(time.perf_counter() - t0)
         return status
 
+    def _failed(self, problem: str, retry_after: str | None = None) -> None:
+        self.failures += 1
+        super()._failed(problem, retry_after)
 
-def _ranks_worker(url: str, name: str, ranks: list[int], duration: float, spill: str, out) -> None:
+    def _fail_over(self, problem: str) -> bool:
+        moved = super()._fail_over(problem)
+        self.failovers += moved
+        return moved
+
+
+def _ranks_worker(
+    url: str | list[str], name: str, ranks: list[int], duration: float, spill: str, out
+) -> None:
     runs, backends = [], []
     for rank in ranks:
         backend = TimedBackend(
@@ -175,6 +196,8 @@ def _ranks_worker(url: str, name: str, ranks: list[int], duration: float, spill:
             "dropped": sum(sum(r.stats()["dropped"].values()) for r in runs),
             "latencies": [x for b in backends for x in b.latencies],
             "steps": steps,
+            "retries": sum(b.failures for b in backends),
+            "failovers": sum(b.failovers for b in backends),
         }
     )
 
@@ -296,6 +319,17 @@ def main() -> None:
         help="sqlite (default), pg-local, or a postgresql:// URL; repeat to compare stores",
     )
     parser.add_argument("--migrate-points", type=int, default=10_000_000)
+    parser.add_argument("--replicas", type=int, default=3, help="replicas phase: servers")
+    parser.add_argument(
+        "--kill-every", type=float, default=60.0, help="replicas phase: SIGKILL period, s"
+    )
+    parser.add_argument(
+        "--balancer",
+        choices=["auto", "haproxy", "tcp", "none"],
+        default="auto",
+        help="replicas phase: haproxy if installed (auto), the bench's TCP balancer, or none "
+        "(clients get every replica's URL and fail over themselves)",
+    )
     parser.add_argument(
         "--peak-no-detect",
         action="store_true",
@@ -432,12 +466,185 @@ def _run_phases(args, root: Path, label: str, fresh, rows: list[tuple[str, str, 
             (f"{label} peak: server CPU mean", f"{np.mean(sampler.cpu):.0f}%", "% of one core"),
         ]
 
+    if "replicas" in phases:
+        if label == "postgresql":
+            rows += _replicas_phase(args, root, fresh("replicas"), f"replicas-{tag}")
+        else:
+            print("# replicas: PostgreSQL only (--db pg-local or a URL); skipped", flush=True)
+
     if "dashboard" in phases:
         rows += _dashboard_phase(label, fresh("dashboard"))
 
     if "migrate" in phases and label == "postgresql":
         rows += _migrate_phase(args, root, fresh("migrate"))
     print(f"# {label}: done", flush=True)
+
+
+def _make_balancer(kind: str, ports: list[int], root: Path):
+    from balancer import Haproxy, TcpBalancer
+
+    if kind == "haproxy" or (kind == "auto" and Haproxy.available()):
+        return Haproxy(ports, root).start()
+    return TcpBalancer(ports, root).start()
+
+
+def _replicas_phase(args, root: Path, db: str, name: str) -> list[tuple[str, str, str]]:
+    """``--replicas`` servers on one database behind a balancer (or, with ``--balancer none``,
+    the client's own URL list); the steady load for ``--duration`` s while one replica is
+    SIGKILLed every ``--kill-every`` s (round robin) and restarted 10 s later on its port."""
+    extra = ["--no-detect"] if args.no_detect else []
+    servers = [Server(db, root, *extra) for _ in range(args.replicas)]
+    for server in servers:
+        server.start()
+    balancer = None
+    if args.balancer == "none":
+        url: str | list[str] = [s.url for s in servers]
+        via = "no balancer: each client has the replicas' URLs (url=[...]) and fails over"
+    else:
+        balancer = _make_balancer(args.balancer, [s.port for s in servers], root)
+        url, via = balancer.url, balancer.name
+    print(f"# replicas: {args.replicas} x runwatch serve on {name}, clients via {via}", flush=True)
+    samplers = [Sampler(s) for s in servers]
+    if balancer is not None and balancer.proc is not None:
+        samplers.append(Sampler(balancer))
+    for sampler in samplers:
+        sampler.start()
+    queue: mp.Queue = mp.Queue()
+    per = [list(range(args.ranks))[i :: args.procs] for i in range(args.procs)]
+    spill = tempfile.mkdtemp(prefix="runwatch-bench-spill-")
+    procs = [
+        mp.Process(target=_ranks_worker, args=(url, name, r, args.duration, spill, queue))
+        for r in per
+    ]
+    t0 = time.monotonic()
+    for p in procs:
+        p.start()
+    kills: list[tuple[float, int, float]] = []  # (at s, replica, s until it answered again)
+    for k in range(1, int(args.duration // args.kill_every) + 1):
+        at = k * args.kill_every
+        if at >= args.duration:
+            break
+        time.sleep(max(0.0, t0 + at - time.monotonic()))
+        victim = servers[(k - 1) % len(servers)]
+        victim.proc.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        victim.proc.wait()
+        print(f"# replicas: SIGKILL replica {(k - 1) % len(servers)} at {at:.0f} s", flush=True)
+        time.sleep(max(0.0, killed + 10.0 - time.monotonic()))
+        victim.start()
+        kills.append((at, (k - 1) % len(servers), time.monotonic() - killed))
+    results = [queue.get() for _ in procs]
+    for p in procs:
+        p.join()
+    elapsed = time.monotonic() - t0
+    for sampler in samplers:
+        sampler.stop_flag = True
+    lb_stats = balancer.stats() if balancer is not None else {}
+    if balancer is not None:
+        balancer.stop()
+    for server in servers:
+        server.stop()
+    check = _verify_exact(db, name, results[0]["steps"])
+    lat = np.array([x for r in results for x in r["latencies"]]) * 1e3
+    logged = sum(r["logged"] for r in results)
+    cpu = [float(np.mean(s.cpu)) if s.cpu else 0.0 for s in samplers[: len(servers)]]
+    rows = [
+        (
+            "replicas: setup",
+            f"{args.replicas} x serve",
+            f"one PostgreSQL database; clients via {via}; live detection "
+            + ("off" if args.no_detect else "on"),
+        ),
+        (
+            "replicas: SIGKILLs (at s: replica, down for)",
+            str(len(kills)),
+            "; ".join(f"{at:.0f} s: r{i}, {down:.1f} s" for at, i, down in kills),
+        ),
+        (
+            "replicas: points logged / stored",
+            f"{logged:,} / {check['stored']:,}",
+            f"lost {check['missing']:,}, doubled {check['doubled']:,}, "
+            f"dropped by clients {sum(r['dropped'] for r in results)}",
+        ),
+        (
+            "replicas: series with a wrong count",
+            f"{check['wrong_series']} of {check['series']}",
+            f"each series steps 0..N-1 once, in order: {check['ordered']}",
+        ),
+        (
+            "replicas: steps not stored once per series",
+            f"{check['wrong_steps']} of {results[0]['steps']}",
+            "points per step counted over all series",
+        ),
+        (
+            "replicas: ingest rate",
+            f"{logged / args.duration:,.0f} points/s",
+            f"logged over {args.duration:.0f} s; last ack after {elapsed:.0f} s",
+        ),
+        (
+            "replicas: batch POST latency p50 / p99 / max",
+            f"{np.percentile(lat, 50):,.1f} / {np.percentile(lat, 99):,.1f} / {lat.max():,.0f} ms",
+            f"{len(lat):,} batches acknowledged; send to durable ack of one POST",
+        ),
+        (
+            "replicas: client retries / failovers",
+            f"{sum(r['retries'] for r in results):,} / {sum(r['failovers'] for r in results):,}",
+            "failed requests retried later; moves to another URL",
+        ),
+        (
+            "replicas: server CPU mean, each replica",
+            " / ".join(f"{c:.0f}%" for c in cpu),
+            f"% of one core; sum {sum(cpu):.0f}%",
+        ),
+    ]
+    if len(samplers) > len(servers):
+        rows.append(("replicas: balancer CPU mean", f"{np.mean(samplers[-1].cpu):.0f}%", ""))
+    if lb_stats:
+        rows.append(
+            (
+                "replicas: balancer counters",
+                "",
+                ", ".join(f"{k} {v:,}" for k, v in lb_stats.items()),
+            )
+        )
+    return rows
+
+
+def _verify_exact(db: str, name: str, steps: int) -> dict:
+    """Every (series, step) of the bench's metrics stored exactly once, counted from the raw
+    point rows (not the series summary), so a doubled point cannot hide."""
+    with Store(db, readonly=True) as store:
+        series = store.series(name)
+        series = series[series["metric"].isin(METRICS)]
+        ids = series["series_id"].tolist()
+        per_step = np.zeros(steps, dtype=np.int64)
+        stored = missing = doubled = wrong_series = 0
+        ordered = True
+        for i in range(0, len(ids), 256):
+            raw = read_blocks(store._conn, ids[i : i + 256])
+            seen = set()
+            for sid, group in raw.groupby("series_id", sort=False):
+                seen.add(sid)
+                got = group["step"].to_numpy()
+                counts = np.bincount(got, minlength=steps)
+                stored += len(got)
+                per_step += counts[:steps]
+                missing += int((counts[:steps] == 0).sum())
+                doubled += int(np.clip(counts[:steps] - 1, 0, None).sum() + counts[steps:].sum())
+                wrong_series += len(got) != steps
+                ordered &= bool(np.array_equal(got, np.arange(steps)))
+            absent = len(set(ids[i : i + 256]) - seen)
+            missing += absent * steps
+            wrong_series += absent
+    return {
+        "series": len(ids),
+        "stored": stored,
+        "missing": missing,
+        "doubled": doubled,
+        "wrong_series": wrong_series,
+        "wrong_steps": int((per_step != len(ids)).sum()),
+        "ordered": ordered,
+    }
 
 
 def _dashboard_phase(label: str, db: str) -> list[tuple[str, str, str]]:
