@@ -32,6 +32,7 @@ from runwatch.worker import Worker
 
 if TYPE_CHECKING:
     import numpy as np
+    import pandas as pd
 
     from runwatch.detect.fleet.monitor import FleetMonitor
     from runwatch.detect.monitor import Monitor
@@ -150,10 +151,28 @@ class LiveDetection:
         self.fleet = FleetMonitor(self.monitor.config, clock=time.time)
         self._store = Store(self._store_path)
 
-    def _take(self, item: tuple[SeriesBatch, list[Event], int]) -> None:
+    # -- called from the thread that takes a run over (``runwatch.server.ownership``) ------------
+    def take_over(self, points: pd.DataFrame, events: pd.DataFrame) -> None:
+        """Start from what the store holds: another replica owned this run and is gone.
+
+        ``points`` and ``events`` are the run's (``Store.read_points``, ``Store.events``).
+        They are replayed into the Monitor, on the detection thread, before any later batch,
+        so its state is what a replay of the run has. Episodes the store holds already keep
+        their rows; only those that are new or changed are stored and handed to alerting,
+        so no episode is lost or doubled across the handover.
+        """
+        n = len(points)
+        self._backlog += n
+        if not self._worker.submit((points, events, n)):
+            self._backlog -= n
+
+    def _take(self, item: tuple[Any, Any, int]) -> None:
         batch, events, n = item
         try:
-            self._detect(batch, events)
+            if isinstance(batch, list):
+                self._detect(batch, events)
+            else:
+                self._replay_stored(batch, events)
         finally:
             self._backlog -= n
 
@@ -168,6 +187,40 @@ class LiveDetection:
             self._save(self.monitor.finish() + self.fleet.finish(), form=True)
         finally:
             self._store.close()
+
+    def _replay_stored(self, points: pd.DataFrame, events: pd.DataFrame) -> None:
+        import json
+
+        from runwatch.detect.replay import replay, replay_input
+
+        assert self.monitor is not None and self._store is not None
+        replay(replay_input(points), events, monitor=self.monitor)
+        stored = self._store.anomalies(self._run_id, source="live")
+        rows = {
+            (r.detector, r.metric, json.dumps(r.labels, sort_keys=True), int(r.start_step)): r
+            for r in stored.itertuples()
+        }
+        changed = []
+        for a in self.monitor.anomalies:
+            row = rows.get(
+                (a.detector, a.metric, json.dumps(a.labels, sort_keys=True), a.start_step)
+            )
+            if row is None:
+                changed.append(a)  # the gone owner had not stored it yet
+                continue
+            self._ids[id(a)] = int(row.id)
+            self._severity[id(a)] = a.severity
+            if (a.severity, a.is_open, a.end_step) != (
+                row.severity,
+                bool(row.is_open),
+                row.end_step,
+            ):
+                changed.append(a)
+        log.info(
+            "runwatch: took run %d over: %d points replayed, %d episodes, %d new or changed",
+            self._run_id, len(points), len(self.monitor.anomalies), len(changed),
+        )  # fmt: skip
+        self._save(changed, form=True)
 
     def _detect(self, batch: SeriesBatch, events: list[Event]) -> None:
         import numpy as np

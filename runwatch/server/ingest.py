@@ -32,6 +32,7 @@ from runwatch.guard import Guard
 from runwatch.model import Event, SeriesPoints
 from runwatch.pipeline.live import LiveDetection, OnChange
 from runwatch.server.errors import ApiError
+from runwatch.server.ownership import RunOwnership
 from runwatch.server.schemas import Batch
 from runwatch.store import Store
 from runwatch.store.context import StepContext
@@ -78,6 +79,9 @@ class IngestWriter:
         self._detections: dict[int, LiveDetection] = {}
         self._references: dict[int, Mapping[str, ReferenceCurve]] = {}
         self._detect_guard = Guard("feeding the server's live detection", log)
+        # On a shared database each run's detection runs on one replica, fed from the store.
+        self._ownership: RunOwnership | None = None
+        self._shared = detect and hasattr(store, "run_locks")
         # Jobs are taken as they come and written as one group when the queue runs dry or
         # the group is full, and at the stop.
         self._group: list[_Job] = []
@@ -97,6 +101,8 @@ class IngestWriter:
     def start(self) -> None:
         with self._lock:
             self._worker.start()
+            if self._shared and self._ownership is None:
+                self._ownership = RunOwnership(self.store.path.secret, self._new_detection)  # type: ignore[attr-defined]
 
     @property
     def queued_points(self) -> int:
@@ -127,6 +133,9 @@ class IngestWriter:
     def close(self, timeout: float = 30.0) -> None:
         """Write what is queued, stop, finish live detection; the store stays open."""
         self._worker.close(timeout)
+        if self._ownership is not None:
+            self._ownership.close(timeout)
+            self._ownership = None
         for run_id in list(self._detections):
             self.close_detection(run_id, timeout=10.0)
 
@@ -144,6 +153,8 @@ class IngestWriter:
             self._references[run_id] = dict(references)
 
     def close_detection(self, run_id: int, timeout: float = 10.0) -> None:
+        """Finish a run's detection here (its rank 0 finished). On a shared database the
+        owner finishes it when it reads the finish from the store."""
         with self._lock:
             detection = self._detections.pop(run_id, None)
         if detection is not None:
@@ -196,7 +207,7 @@ class IngestWriter:
                     job.future.set_exception(exc)
         for job, reply, delivered in results:
             job.future.set_result(reply)
-            if self._detect and delivered:
+            if self._detect and delivered and not self._shared:
                 self._feed_detection(job.run_id, delivered)
 
     def _check_attempt(self, run_id: int, attempt: int) -> None:
@@ -288,18 +299,21 @@ class IngestWriter:
     def _detection(self, run_id: int) -> LiveDetection:
         detection = self._detections.get(run_id)
         if detection is None:
-            with self._lock:
-                references = self._references.get(run_id)
-            detection = LiveDetection(
-                self.store.path,
-                run_id,
-                self._detect_config,
-                on_change=self._on_change(run_id) if self._on_change else None,
-                references=references,
-            )
+            detection = self._new_detection(run_id)
             with self._lock:
                 self._detections[run_id] = detection
         return detection
+
+    def _new_detection(self, run_id: int) -> LiveDetection:
+        with self._lock:
+            references = self._references.get(run_id)
+        return LiveDetection(
+            self.store.path,
+            run_id,
+            self._detect_config,
+            on_change=self._on_change(run_id) if self._on_change else None,
+            references=references,
+        )
 
 
 def _concat(parts: list[tuple[Any, Any, Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -28,6 +28,7 @@ import numpy as np
 
 from runwatch.store.errors import SchemaTooNewError, StoreError, StoreUnavailableError
 from runwatch.store.points import BlockAppender, block_row
+from runwatch.store.run_locks import RunLocks
 from runwatch.store.schema import MIGRATIONS, SCHEMA_VERSION
 from runwatch.store.sqlite import Store
 
@@ -598,6 +599,10 @@ class PostgresStore(Store):
 
     def _frame(self, sql: str, params: Sequence[Any] = ()) -> pd.DataFrame:
         return self._conn.frame(sql, params)  # type: ignore[attr-defined]
+
+    def run_locks(self) -> RunLocks:
+        """A session of this process's run-ownership locks (``runwatch serve`` replicas)."""
+        return RunLocks(self.url)
 
     def close(self) -> None:
         with self._lock:

@@ -47,6 +47,7 @@ from runwatch.store.points import (
 from runwatch.store.points import read_blocks as _read_blocks
 from runwatch.store.schema import migrate
 from runwatch.store.status import StatusTables
+from runwatch.store.tail import TailTables
 
 if TYPE_CHECKING:
     import pandas as pd  # imported where frames are built: the hook's writes need none
@@ -92,7 +93,13 @@ def primary_series(rows: Iterable[tuple[int, str]]) -> int:
 
 
 class Store(
-    JudgementTables, IncidentTables, OutboxTables, IngestTables, StatusTables, ContextTables
+    JudgementTables,
+    IncidentTables,
+    OutboxTables,
+    IngestTables,
+    StatusTables,
+    ContextTables,
+    TailTables,
 ):
     """A runwatch store in one SQLite file (created, and migrated, on open).
 
