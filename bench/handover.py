@@ -107,13 +107,13 @@ def one(replicas: int, history: int) -> tuple[float, float]:
             _post(clients[other], run_id, body)
             owned = detected = None
             with Store(url, readonly=True) as store:
-                while detected is None and time.monotonic() - killed < 120:
+                while (owned is None or detected is None) and time.monotonic() - killed < 120:
                     now = time.monotonic() - killed
                     if owned is None and _owner(url, run_id) not in (None, first):
                         owned = now
                     live = store.anomalies("r", source="live")
                     hit = (live["detector"] == "nonfinite") & (live["start_step"] == nan_step)
-                    if hit.any():
+                    if detected is None and hit.any():
                         detected = now
                     time.sleep(0.05)
             return owned or float("nan"), detected or float("nan")
