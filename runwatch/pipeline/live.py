@@ -193,15 +193,16 @@ class LiveDetection:
 
         from runwatch.detect.replay import replay, replay_input
 
-        assert self.monitor is not None and self._store is not None
+        assert self.monitor is not None and self.fleet is not None and self._store is not None
         replay(replay_input(points), events, monitor=self.monitor)
+        self._replay_fleet(points)
         stored = self._store.anomalies(self._run_id, source="live")
         rows = {
             (r.detector, r.metric, json.dumps(r.labels, sort_keys=True), int(r.start_step)): r
             for r in stored.itertuples()
         }
         changed = []
-        for a in self.monitor.anomalies:
+        for a in self.monitor.anomalies + self.fleet.anomalies:
             row = rows.get(
                 (a.detector, a.metric, json.dumps(a.labels, sort_keys=True), a.start_step)
             )
@@ -221,6 +222,22 @@ class LiveDetection:
             self._run_id, len(points), len(self.monitor.anomalies), len(changed),
         )  # fmt: skip
         self._save(changed, form=True)
+
+    def _replay_fleet(self, points: pd.DataFrame) -> None:
+        """The cross-rank detectors' state from the stored points of ranks (and GPUs)."""
+        assert self.fleet is not None
+        keys = [k for k in LABEL_KEYS if k in points.columns]
+        ranked = points["metric"].str.startswith("gpu_")
+        if "rank" in keys:
+            ranked = ranked | points["rank"].notna()
+        rows = points[ranked.to_numpy(dtype=bool)]
+        update = self.fleet.update
+        for metric, step, value, stamp, *labels in zip(
+            rows["metric"], rows["step"], rows["value"], rows["time"],
+            *(rows[k] for k in keys), strict=True,
+        ):  # fmt: skip
+            found = {k: v for k, v in zip(keys, labels, strict=True) if v == v and v is not None}
+            update(metric, found, int(step), float(value), None if stamp != stamp else stamp)
 
     def _detect(self, batch: SeriesBatch, events: list[Event]) -> None:
         import numpy as np
