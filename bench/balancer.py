@@ -117,6 +117,10 @@ class Haproxy:
             "5xx to clients": num(front, "hrsp_5xx"),
             "connection errors": num(total, "econ"),
             "response errors": num(total, "eresp"),
+            # what the replicas took, as HAProxy saw it (ms; mean of the last 1,024 requests,
+            # and the maximum): separates server time from time spent in the clients
+            "server response ms, recent mean": num(total, "rtime"),
+            "server response ms, max": num(total, "rtime_max"),
         }
 
     def stop(self) -> None:

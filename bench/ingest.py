@@ -125,6 +125,36 @@ class Sampler(threading.Thread):
                 time.sleep(0.2)
 
 
+class PgSampler(threading.Thread):
+    """Once a second: the database's sessions waiting on a lock (the store's one advisory write
+    lock serializes every write transaction) and its commits/s."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.waiting, self.active, self.commits, self.stop_flag = url, [], [], [], False
+
+    def run(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            last = None
+            while not self.stop_flag:
+                waiting, active = conn.execute(
+                    "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'),"
+                    " count(*) FILTER (WHERE state = 'active') - 1"
+                    " FROM pg_stat_activity WHERE datname = current_database()"
+                ).fetchone()
+                commits = conn.execute(
+                    "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+                ).fetchone()[0]
+                self.waiting.append(waiting)
+                self.active.append(active)
+                if last is not None:
+                    self.commits.append(commits - last - 2)  # less this sampler's own two
+                last = commits
+                time.sleep(1.0)
+
+
 class TimedBackend(HttpBackend):
     """Records how long each batch POST takes to be acknowledged (durable)."""
 
@@ -507,7 +537,8 @@ def _replicas_phase(args, root: Path, db: str, name: str) -> list[tuple[str, str
     samplers = [Sampler(s) for s in servers]
     if balancer is not None and balancer.proc is not None:
         samplers.append(Sampler(balancer))
-    for sampler in samplers:
+    pg = PgSampler(db)
+    for sampler in [*samplers, pg]:
         sampler.start()
     queue: mp.Queue = mp.Queue()
     per = [list(range(args.ranks))[i :: args.procs] for i in range(args.procs)]
@@ -537,7 +568,7 @@ def _replicas_phase(args, root: Path, db: str, name: str) -> list[tuple[str, str
     for p in procs:
         p.join()
     elapsed = time.monotonic() - t0
-    for sampler in samplers:
+    for sampler in [*samplers, pg]:
         sampler.stop_flag = True
     lb_stats = balancer.stats() if balancer is not None else {}
     if balancer is not None:
@@ -597,6 +628,13 @@ def _replicas_phase(args, root: Path, db: str, name: str) -> list[tuple[str, str
             f"% of one core; sum {sum(cpu):.0f}%",
         ),
     ]
+    rows.append(
+        (
+            "replicas: PostgreSQL commits/s; sessions active / waiting on a lock",
+            f"{np.mean(pg.commits):.0f}; {np.mean(pg.active):.1f} / {np.mean(pg.waiting):.1f}",
+            f"means of 1 s samples; max waiting {max(pg.waiting)}",
+        )
+    )
     if len(samplers) > len(servers):
         rows.append(("replicas: balancer CPU mean", f"{np.mean(samplers[-1].cpu):.0f}%", ""))
     if lb_stats:
