@@ -9,9 +9,10 @@ The run starts in ``on_train_begin``, when the Trainer knows the model and the n
 optimizer steps, so the config holds ``params``, ``total_steps`` and the planned LR
 ``schedule`` from the start (the store takes a run's config when the run begins). Metrics
 keep HF's names except ``learning_rate`` -> ``lr``; ``step_time_s`` and ``tokens_per_s``
-are measured here. A crash leaving ``train()`` is never seen by a callback: the run stays
-open and runwatch's exit hook records the uncaught exception as a crash (bench/README-
-integrations-hf.md has the reasoning).
+are measured here. Under DDP each rank's own time and all-reduce wait are logged too
+(``runwatch.torch``), turned on at the first forward. A crash leaving ``train()`` is never
+seen by a callback: the run stays open and runwatch's exit hook records the uncaught
+exception as a crash (bench/README-integrations-hf.md has the reasoning).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import logging
 import math
 import os
 import socket
+import sys
 from collections.abc import Mapping
 from functools import partial
 from time import perf_counter
@@ -165,6 +167,8 @@ class RunwatchCallback(TrainerCallback):
                 options.setdefault("keep_metric", partial(keeps_metric, rank=args.process_index))
         config = self._run_config(args, state, model)
         self.run = init(self._run_name(args), config=config, **options)
+        if args.world_size > 1 and model is not None:
+            _time_ranks_when_wrapped(model, self.run)
         self._reset_timing()
         self._tokens_mark = int(state.num_input_tokens_seen or 0)
         self._tokens_per_step = config.get("tokens_per_step")
@@ -219,5 +223,35 @@ class RunwatchCallback(TrainerCallback):
     # -- end ---------------------------------------------------------------------------------
     def on_train_end(self, args, state, control, **kwargs):
         run, self.run = self.run, None
+        if "runwatch.torch" in sys.modules:
+            sys.modules["runwatch.torch"].flush_all()  # the last step's wait
         if run is not None:
             run.finish()
+
+
+def _time_ranks_when_wrapped(model: Any, run: Run) -> None:
+    """Turn on :mod:`runwatch.torch` (each rank's own time and all-reduce wait) at the
+    model's first forward under DDP.
+
+    Why then: a callback gets the model the Trainer wraps, never the wrapper, and the
+    Trainer wraps it (through accelerate) only after ``on_train_begin``. DDP names itself
+    while its forward runs (``DistributedDataParallel._get_active_ddp_module``), and a comm
+    hook may be registered up to the first backward. Not DDP (DeepSpeed, FSDP, one
+    process): nothing is timed.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    def first_forward(module: Any, inputs: Any) -> None:
+        handle.remove()
+        ddp = DistributedDataParallel._get_active_ddp_module()
+        if ddp is None or ddp.module is not model:
+            log.debug("runwatch: the model is not run by DDP; no per-rank timing")
+            return
+        try:
+            import runwatch.torch as rt
+
+            rt.instrument(ddp, run)
+        except Exception as exc:  # one line, and training goes on without the timing
+            log.warning("runwatch: no per-rank timing: %s", exc)
+
+    handle = model.register_forward_pre_hook(first_forward)

@@ -274,3 +274,26 @@ def test_schedules_runwatch_cannot_plan_are_left_out():
         "decay_shape": "linear",
         "final_lr_fraction": 0.1,
     }
+
+
+def test_under_ddp_rank_zero_times_its_own_compute_and_its_wait(tmp_path):
+    """torchrun, 3 ranks: RunwatchCallback turns runwatch.torch on by itself; a rank slowed
+    from step 30 shows as rank 0's wait, not as its own time."""
+    job = Path(__file__).parents[1] / "torch" / "hf_job.py"
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc_per_node", "3", str(job), str(tmp_path), "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    store = runwatch.open_store(str(tmp_path / "rw.db"), readonly=True)
+    pts = store.read_points("hf-ddp", ["step_time_compute", "comm_wait_time", "loss"])
+    assert (pts["metric"] == "loss").sum() >= 60  # the callback's own logging goes on
+    wait = pts[pts["metric"] == "comm_wait_time"].set_index("step")["value"]
+    own = pts[pts["metric"] == "step_time_compute"].set_index("step")["value"]
+    assert len(wait) >= 60 and len(own) >= 60
+    assert wait.loc[40:].median() - wait.loc[8:28].median() > 0.015
+    assert own.loc[40:].median() - own.loc[8:28].median() < 0.010
