@@ -31,7 +31,7 @@ from server.conftest import TOKEN, ServerProcess  # noqa: E402
 
 from runwatch.store import Store  # noqa: E402
 from runwatch.store.postgres_local import LocalCluster  # noqa: E402
-from runwatch.store.run_locks import OWNER_APPLICATION, OWNER_LOCK_CLASS  # noqa: E402
+from runwatch.store.run_locks import run_owner  # noqa: E402
 
 SERIES = 20
 STEPS_PER_BATCH = 200
@@ -65,18 +65,6 @@ def _post(client: httpx.Client, run_id: int, body: bytes) -> None:
     raise RuntimeError("a batch was not accepted")
 
 
-def _owner(url: str, run_id: int) -> int | None:
-    import psycopg
-
-    with psycopg.connect(url) as conn:
-        row = conn.execute(
-            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
-            " WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objid = %s AND l.granted",
-            (OWNER_LOCK_CLASS, run_id),
-        ).fetchone()
-    return int(row[0].removeprefix(OWNER_APPLICATION)) if row else None
-
-
 def one(replicas: int, history: int) -> tuple[float, float]:
     cluster = LocalCluster().start()
     servers: list[ServerProcess] = []
@@ -95,7 +83,7 @@ def one(replicas: int, history: int) -> tuple[float, float]:
             for seq in range(batches):
                 body = _batch(seq, seq * STEPS_PER_BATCH, STEPS_PER_BATCH)
                 _post(clients[seq % replicas], run_id, body)
-            while (first := _owner(url, run_id)) is None:
+            while (first := run_owner(url, run_id)) is None:
                 time.sleep(0.05)
             time.sleep(1.0)  # the owner has caught up with the history
             victim = next(s for s in servers if s.proc.pid == first)
@@ -109,7 +97,7 @@ def one(replicas: int, history: int) -> tuple[float, float]:
             with Store(url, readonly=True) as store:
                 while (owned is None or detected is None) and time.monotonic() - killed < 120:
                     now = time.monotonic() - killed
-                    if owned is None and _owner(url, run_id) not in (None, first):
+                    if owned is None and run_owner(url, run_id) not in (None, first):
                         owned = now
                     live = store.anomalies("r", source="live")
                     hit = (live["detector"] == "nonfinite") & (live["start_step"] == nan_step)

@@ -110,6 +110,8 @@ class RunOwnership:
         owned.detection.take_over(points, events)
         self._owned[run_id] = owned
         log.info("runwatch serve: this replica owns run %d's live detection", run_id)
+        if self._store.run_status(run_id) not in (None, "running"):
+            self._let_go(run_id)  # it finished before the replay read its events
 
     def _follow(self, run_id: int) -> None:
         """Feed the run's detection what was stored since the last read; let the run go at

@@ -4,11 +4,7 @@ Why a session lock and not a lease row with a heartbeat: the lock lives exactly 
 the owner's connection. A replica that is SIGKILLed, or cut off, loses its connection and
 the database lets go of its locks at once, so another replica can take the run over at its
 next poll; a live owner holds it without writing anything. Each replica holds its locks on
-one connection of its own, outside the pool. Who owns what, in SQL::
-
-    SELECT l.objid AS run_id, a.application_name FROM pg_locks l
-    JOIN pg_stat_activity a ON a.pid = l.pid
-    WHERE l.locktype = 'advisory' AND l.classid = 1920429943 AND l.granted;
+one connection of its own, outside the pool. :func:`run_owner` says who owns a run.
 """
 
 from __future__ import annotations
@@ -69,3 +65,16 @@ class RunLocks:
         """End the session: every run it owned is free for the other replicas."""
         with self._lock:
             self._conn.close()
+
+
+def run_owner(url: str, run_id: int) -> int | None:
+    """The process id of the replica owning ``run_id``'s live detection, or None."""
+    import psycopg
+
+    with psycopg.connect(url, connect_timeout=CONNECT_TIMEOUT_S) as conn:
+        row = conn.execute(
+            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+            " WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objid = %s AND l.granted",
+            (OWNER_LOCK_CLASS, int(run_id)),
+        ).fetchone()
+    return int(row[0].removeprefix(OWNER_APPLICATION)) if row else None

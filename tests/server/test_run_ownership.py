@@ -14,7 +14,7 @@ import pytest
 from runwatch.pipeline.analysis import analyze_run
 from runwatch.store import Store
 from runwatch.store.postgres_local import LocalCluster, find_bindir
-from runwatch.store.run_locks import OWNER_APPLICATION, OWNER_LOCK_CLASS
+from runwatch.store.run_locks import run_owner
 
 from .conftest import ServerProcess
 from .test_api import _start
@@ -56,20 +56,6 @@ def _post(client, run_id: int, seq: int, start: int, n: int = 50) -> None:
     assert reply.status_code == 200, reply.text
 
 
-def _owner_pid(url: str, run_id: int) -> int | None:
-    """The process id of the replica whose lock session owns ``run_id``."""
-    import psycopg
-
-    with psycopg.connect(url) as conn:
-        row = conn.execute(
-            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a "
-            "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.classid = %s "
-            "AND l.objid = %s AND l.granted",
-            (OWNER_LOCK_CLASS, run_id),
-        ).fetchone()
-    return int(row[0].removeprefix(OWNER_APPLICATION)) if row else None
-
-
 def _wait(what, timeout: float = 60.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -101,7 +87,7 @@ def test_a_killed_owner_hands_the_run_over_and_live_equals_replay(token_file):
             _post(clients[seq % 2], run_id, seq, start)
 
         def owner() -> int | None:
-            return _owner_pid(url, run_id)
+            return run_owner(url, run_id)
 
         first = _wait(owner)
         by_pid = {s.proc.pid: s for s in servers}
