@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from runwatch.alerting.setup import RunAlerting
     from runwatch.expect.reference import ReferenceCurve
     from runwatch.pipeline.live import LiveDetection
+    from runwatch.store.run_locks import RunLocks
 
 log = logging.getLogger("runwatch.attach")
 
@@ -56,6 +57,7 @@ class Attached:
         self._dcgm_options = dcgm
         self.alerting: RunAlerting | None = None
         self.detection: LiveDetection | None = None
+        self._locks: RunLocks | None = None
         self.sampler: Any = None
         self.dcgm: Any = None
 
@@ -68,7 +70,7 @@ class Attached:
 
         self.alerting = configure(run, **self._alert_options)
         # A server runs its own detection: only the embedded store gets it here.
-        if self._monitor and embedded:
+        if self._monitor and embedded and self._own(store_path, run_id):
             from runwatch.pipeline.live import LiveDetection
 
             self.detection = LiveDetection(
@@ -79,6 +81,23 @@ class Attached:
                 references=self._references,
             )
         return self.detection
+
+    def _own(self, store_path: str, run_id: int) -> bool:
+        """On a shared PostgreSQL store, hold the run's ownership lock while detecting, as
+        a ``runwatch serve`` replica would (``runwatch.store.run_locks``): a replica on the
+        same database then leaves the run alone, and takes it over if this process dies.
+        False: another process owns it already."""
+        from runwatch.store import is_store_url
+
+        if not is_store_url(store_path):
+            return True
+        from runwatch.store.run_locks import RunLocks
+
+        self._locks = RunLocks(store_path)
+        if self._locks.try_own(run_id):
+            return True
+        log.info("runwatch: another process runs this run's live detection; not here")
+        return False
 
     def start_sampler(self, run: Any) -> None:
         """GPU (NVML) and host readings, and DCGM readings from Prometheus, on threads of
@@ -102,6 +121,8 @@ class Attached:
         """Finish live detection (up to ``timeout`` s), then wait (bounded) for alerts."""
         if self.detection is not None:
             self.detection.close(max(1.0, timeout))
+        if self._locks is not None:
+            self._locks.close()
         if self.alerting is not None:
             self.alerting.close(alert_timeout)
 

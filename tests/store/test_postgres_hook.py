@@ -21,3 +21,20 @@ def test_a_run_logs_into_postgresql_with_live_detection(pg_url, caplog):
     assert found[["detector", "start_step"]].values.tolist() == [["nonfinite", 50]]
     password = pg_url.split(":")[2].split("@")[0]
     assert password not in caplog.text
+
+
+def test_an_in_process_run_owns_its_detection_while_it_runs(pg_url):
+    """A ``runwatch serve`` replica on the same database leaves the run to this process,
+    and could take it over if this process died (tests/server/test_run_ownership.py)."""
+    import os
+
+    from runwatch.store.run_locks import run_owner
+
+    run = runwatch.init(name="pg-owned", store=pg_url, cpu_wait=False)
+    run.log({"loss": 1.0}, step=0)
+    run.flush()
+    with runwatch.open_store(pg_url, readonly=True) as store:
+        run_id = store.run_id("pg-owned")
+    assert run_owner(pg_url, run_id) == os.getpid()
+    run.finish()
+    assert run_owner(pg_url, run_id) is None
