@@ -46,6 +46,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
@@ -550,6 +551,9 @@ def _replicas_phase(args, root: Path, db: str, name: str) -> list[tuple[str, str
     t0 = time.monotonic()
     for p in procs:
         p.start()
+    clients = [Sampler(SimpleNamespace(proc=p)) for p in procs]  # type: ignore[arg-type]
+    for sampler in clients:
+        sampler.start()
     kills: list[tuple[float, int, float]] = []  # (at s, replica, s until it answered again)
     for k in range(1, int(args.duration // args.kill_every) + 1):
         at = k * args.kill_every
@@ -568,7 +572,7 @@ def _replicas_phase(args, root: Path, db: str, name: str) -> list[tuple[str, str
     for p in procs:
         p.join()
     elapsed = time.monotonic() - t0
-    for sampler in [*samplers, pg]:
+    for sampler in [*samplers, *clients, pg]:
         sampler.stop_flag = True
     lb_stats = balancer.stats() if balancer is not None else {}
     if balancer is not None:
@@ -626,6 +630,11 @@ def _replicas_phase(args, root: Path, db: str, name: str) -> list[tuple[str, str
             "replicas: server CPU mean, each replica",
             " / ".join(f"{c:.0f}%" for c in cpu),
             f"% of one core; sum {sum(cpu):.0f}%",
+        ),
+        (
+            "replicas: client processes' CPU, sum of means",
+            f"{sum(float(np.mean(c.cpu)) for c in clients if c.cpu):.0f}%",
+            f"{args.procs} processes of {args.ranks // args.procs} ranks; % of one core",
         ),
     ]
     rows.append(
