@@ -51,6 +51,9 @@ class OnChange(Protocol):
 
 HANG_CHECK_EVERY_S = 5.0
 """How often the detection thread asks the hang detector, when no batch arrives."""
+SKIP_GRACE_S = 120.0
+"""After live detection skipped a batch, this long without hang checks: ranks whose points
+were skipped are not hung, and cannot be told from those that are (analyze can)."""
 INCIDENTS_EVERY_S = 2.0
 """How often incidents are formed again while info episodes come and go or episodes only
 grow; a new or closed warning or critical episode, or a failure event, forms them at once
@@ -90,6 +93,7 @@ class LiveDetection:
         self._backlog = 0
         self._max_backlog = max_backlog_points
         self.skipped_points = 0
+        self._skipped_at = -math.inf  # monotonic time of the last batch skipped
         self._store: Store | None = None
         self._series_order: dict[tuple[str, str], int] = {}
         # Batch by batch; after HANG_CHECK_EVERY_S without one, the hang check (no data for
@@ -112,6 +116,7 @@ class LiveDetection:
     def __call__(self, batch: SeriesBatch, events: list[Event]) -> None:
         n = sum(len(series.steps) for series in batch)
         if self._backlog + n > self._max_backlog:
+            self._skipped_at = time.monotonic()
             self.skipped_points += n
             if self.skipped_points == n:
                 log.warning(
@@ -177,7 +182,8 @@ class LiveDetection:
             self._backlog -= n
 
     def _check_hangs(self) -> None:
-        self._save(self.fleet.tick())
+        if self._hangs_judgeable():
+            self._save(self.fleet.tick())
         if self._incidents_stale:
             self._form_incidents(now=False)
 
@@ -276,9 +282,16 @@ class LiveDetection:
             stamp = None if stamp != stamp else stamp
             for anomaly in fleet_update(name, labels, step, value, stamp):
                 changed[id(anomaly)] = anomaly
-        for anomaly in self.fleet.tick():
-            changed[id(anomaly)] = anomaly
+        if self._hangs_judgeable():
+            for anomaly in self.fleet.tick():
+                changed[id(anomaly)] = anomaly
         self._save(changed.values(), form=failures)
+
+    def _hangs_judgeable(self) -> bool:
+        """Whether silence now means a hang: detection has caught up with what arrived
+        (no batch waits behind this one) and skipped none lately. Behind, the newest
+        points it has are old and every rank would look stalled."""
+        return self._worker.empty() and time.monotonic() - self._skipped_at > SKIP_GRACE_S
 
     def _feed_monitor(
         self,
