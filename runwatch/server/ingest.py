@@ -102,7 +102,8 @@ class IngestWriter:
         with self._lock:
             self._worker.start()
             if self._shared and self._ownership is None:
-                self._ownership = RunOwnership(self.store.path.secret, self._new_detection)  # type: ignore[attr-defined]
+                url = self.store.path.secret  # type: ignore[attr-defined]
+                self._ownership = RunOwnership(url, self._new_detection)
 
     @property
     def queued_points(self) -> int:

@@ -23,6 +23,8 @@ from runwatch.store.errors import StoreUnavailableError
 from runwatch.worker import Worker
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from runwatch.pipeline.live import LiveDetection
     from runwatch.store import Store
     from runwatch.store.tail import TailBlock
@@ -35,13 +37,14 @@ soon a run is taken over once its owner's lock is free."""
 
 
 class _Owned:
-    """A run this replica owns: its detection and how far it has read."""
+    """A run this replica owns: its detection, how far it has read, and per series the last
+    (attempt, step) fed."""
 
-    def __init__(self, detection: LiveDetection, events_after: int) -> None:
+    def __init__(self, detection: LiveDetection, blocks_after: int, events_after: int) -> None:
         self.detection = detection
+        self.blocks_after = blocks_after
         self.events_after = events_after
-        self.blocks_after = 0
-        self.fed: dict[tuple[Any, ...], tuple[int, int]] = {}  # series -> (attempt, step)
+        self.fed: dict[tuple[Any, ...], tuple[int, int]] = {}
 
 
 class RunOwnership:
@@ -61,9 +64,6 @@ class RunOwnership:
             "runwatch-own", tick=self._tick, interval=POLL_S, on_stop=self._stop, logger=log
         )
         self._worker.start()
-
-    def owns(self, run_id: int) -> bool:
-        return run_id in self._owned
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop following; finish every owned run's detection; free the runs."""
@@ -97,16 +97,9 @@ class RunOwnership:
         blocks_before, _ = self._store.tail_position()
         points = self._store.read_points(run_id)
         events = self._store.events(run_id)
-        owned = _Owned(self._make(run_id), int(events["id"].max()) if len(events) else 0)
-        owned.blocks_after = blocks_before
-        if len(points):
-            keys = [points["metric"]] + [points[k] for k in LABEL_KEYS if k in points.columns]
-            for key, g in points.groupby(keys, dropna=False, sort=False):
-                key = key if isinstance(key, tuple) else (key,)
-                owned.fed[_series_key(key, [k for k in LABEL_KEYS if k in points.columns])] = (
-                    int(g["attempt"].iloc[-1]),
-                    int(g["step"].iloc[-1]),
-                )
+        last_event = int(events["id"].max()) if len(events) else 0
+        owned = _Owned(self._make(run_id), blocks_before, last_event)
+        owned.fed = _last_fed(points)
         owned.detection.take_over(points, events)
         self._owned[run_id] = owned
         log.info("runwatch serve: this replica owns run %d's live detection", run_id)
@@ -143,10 +136,17 @@ class RunOwnership:
         self._store.close()
 
 
-def _series_key(values: tuple[Any, ...], label_keys: list[str]) -> tuple[Any, ...]:
-    """(metric, rank, host, gpu) with a missing label as None, from a frame's group key."""
-    got = dict(zip(label_keys, values[1:], strict=True))
-    return (values[0], *(_plain(got.get(k)) for k in LABEL_KEYS))
+def _last_fed(points: pd.DataFrame) -> dict[tuple[Any, ...], tuple[int, int]]:
+    """Per series (metric, rank, host, gpu), the (attempt, step) of its last point in a
+    store's frame of the run (in step order)."""
+    keys = [k for k in LABEL_KEYS if k in points.columns]
+    out = {}
+    by = [points["metric"], *(points[k] for k in keys)]
+    for values, g in points.groupby(by, dropna=False, sort=False):
+        got = dict(zip(keys, values[1:], strict=True))
+        series = (values[0], *(_plain(got.get(k)) for k in LABEL_KEYS))
+        out[series] = (int(g["attempt"].iloc[-1]), int(g["step"].iloc[-1]))
+    return out
 
 
 def _plain(value: Any) -> Any:
