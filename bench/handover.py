@@ -14,6 +14,7 @@ owner has replayed the run and judged the new batch). Issue 20's goal: <= 10 s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -53,14 +54,12 @@ def _batch(seq: int, start: int, n: int, nan: bool = False) -> bytes:
 
 
 def _post(client: httpx.Client, run_id: int, body: bytes) -> None:
-    for _ in range(50):
-        try:
+    for _ in range(50):  # the replica it reaches may be the one just killed: try again
+        with contextlib.suppress(httpx.TransportError):
             r = client.post(f"/api/v1/runs/{run_id}/batches", content=body,
                             headers={"Content-Type": "application/json"})  # fmt: skip
             if r.status_code == 200:
                 return
-        except httpx.TransportError:
-            pass
         time.sleep(0.1)
     raise RuntimeError("a batch was not accepted")
 
