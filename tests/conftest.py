@@ -1,13 +1,24 @@
-"""Shared fixtures: a temporary store path, and the real-runs data folder."""
+"""Shared fixtures: a temporary store path, the real-runs data folder, and a real PostgreSQL.
+
+``pg_url`` is a fresh database on a throwaway cluster (``runwatch.store.postgres_local``:
+initdb and pg_ctl as an unprivileged user, on a free port, in a temp dir), one cluster per
+test session. Missing server binaries FAIL those tests rather than skip them: CI installs
+Debian's ``postgresql`` (.ci/run), so a skip would hide a broken CI.
+"""
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from runwatch.store.postgres_local import LocalCluster, find_bindir
+
 REAL_RUNS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real_runs"
+_names = itertools.count(1)
 
 
 @pytest.fixture
@@ -20,6 +31,35 @@ def real_runs() -> Path:
     if not REAL_RUNS.is_dir():
         pytest.skip(f"real training logs not found at {REAL_RUNS}")
     return REAL_RUNS
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[LocalCluster]:
+    if find_bindir() is None:
+        pytest.fail(
+            "PostgreSQL server binaries not found (/usr/lib/postgresql/*/bin/initdb): "
+            "apt-get install postgresql (CI installs it in .ci/run)"
+        )
+    try:
+        import psycopg  # noqa: F401
+        import psycopg_pool  # noqa: F401
+    except ImportError as exc:
+        pytest.fail(f"the postgres extra is not installed ({exc}): pip install -e '.[test]'")
+    cluster = LocalCluster(fsync=False).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def pg_url(pg_cluster: LocalCluster) -> Iterator[str]:
+    """A fresh, empty database on the session's cluster; dropped afterwards."""
+    from runwatch.store.postgres import close_pool
+
+    name = f"t{next(_names)}"
+    url = pg_cluster.create_database(name)
+    yield url
+    close_pool(url)
+    pg_cluster.drop_database(name)
 
 
 def _real_data_skip(report: pytest.TestReport) -> str | None:

@@ -9,11 +9,8 @@ import time
 from collections import Counter
 from typing import Any
 
-import pytest
-
 from runwatch.alerting.sender import Sender
 from runwatch.store import open_store
-from runwatch.store.postgres_local import LocalCluster, find_bindir
 
 from .test_delivery import enqueue, rules_for
 
@@ -22,14 +19,11 @@ SENDERS = 3
 
 
 def test_alerts_queued_while_the_receiver_is_down_go_out_once_from_three_senders(
-    receiver: Any,
+    receiver: Any, pg_url: str
 ) -> None:
-    if find_bindir() is None:
-        pytest.fail("PostgreSQL server binaries not found: apt-get install postgresql")
-    cluster = LocalCluster(fsync=False).start()
+    url = pg_url
     senders: list[Sender] = []
     try:
-        url = cluster.create_database("outbox")
         with open_store(url) as store:
             store.start_run("gpt", project="lm")
         receiver.stop()
@@ -50,7 +44,6 @@ def test_alerts_queued_while_the_receiver_is_down_go_out_once_from_three_senders
     finally:
         for sender in senders:
             sender.close(10)
-        cluster.stop()
     assert len(outbox) == ALERTS and set(outbox["status"]) == {"sent"}
     arrived = Counter(receiver.keys())
     assert set(arrived) == set(keys)

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 
 import pytest
 
 from runwatch.pipeline.analysis import analyze_run
 from runwatch.store import Store
-from runwatch.store.postgres_local import LocalCluster, find_bindir
 from runwatch.store.run_locks import run_owner
 
 from .conftest import ServerProcess
@@ -70,13 +68,10 @@ def _shape(anomalies) -> list[tuple]:
     return sorted((a[0], a[1], int(a[2]), int(a[3]), a[4]) for a in anomalies)
 
 
-def test_a_killed_owner_hands_the_run_over_and_live_equals_replay(token_file):
-    if find_bindir() is None:
-        pytest.fail("PostgreSQL server binaries not found: apt-get install postgresql")
-    cluster = LocalCluster(fsync=False).start()
+def test_a_killed_owner_hands_the_run_over_and_live_equals_replay(token_file, pg_url):
+    url = pg_url
     servers: list[ServerProcess] = []
     try:
-        url = cluster.create_database("shared")
         servers = [ServerProcess(url, token_file) for _ in range(2)]
         for server in servers:
             server.start()
@@ -126,5 +121,3 @@ def test_a_killed_owner_hands_the_run_over_and_live_equals_replay(token_file):
         for server in servers:
             if server.proc is not None and server.proc.poll() is None:
                 server.stop()
-        cluster.stop()
-        os.environ.pop("RUNWATCH_STORE", None)

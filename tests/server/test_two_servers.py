@@ -4,22 +4,16 @@ batch's own transaction (issue 20: exactly-once across replicas)."""
 
 from __future__ import annotations
 
-import pytest
-
 from runwatch.store import Store
-from runwatch.store.postgres_local import LocalCluster, find_bindir
 
 from .conftest import ServerProcess
 from .test_api import _batch, _start
 
 
-def test_a_batch_retried_through_another_server_is_stored_once(token_file):
-    if find_bindir() is None:
-        pytest.fail("PostgreSQL server binaries not found: apt-get install postgresql")
-    cluster = LocalCluster(fsync=False).start()
+def test_a_batch_retried_through_another_server_is_stored_once(token_file, pg_url):
+    url = pg_url
     servers = []
     try:
-        url = cluster.create_database("shared")
         servers = [ServerProcess(url, token_file, "--no-detect") for _ in range(2)]
         for server in servers:
             server.start()
@@ -40,4 +34,3 @@ def test_a_batch_retried_through_another_server_is_stored_once(token_file):
         for server in servers:
             if server.proc is not None:
                 server.stop()
-        cluster.stop()
