@@ -21,7 +21,6 @@ import logging
 import math
 import os
 import socket
-import sys
 from collections.abc import Mapping
 from functools import partial
 from time import perf_counter
@@ -223,10 +222,8 @@ class RunwatchCallback(TrainerCallback):
     # -- end ---------------------------------------------------------------------------------
     def on_train_end(self, args, state, control, **kwargs):
         run, self.run = self.run, None
-        if "runwatch.torch" in sys.modules:
-            sys.modules["runwatch.torch"].flush_all()  # the last step's wait
         if run is not None:
-            run.finish()
+            run.finish()  # logs the last step's runwatch.torch wait first
 
 
 def _time_ranks_when_wrapped(model: Any, run: Run) -> None:

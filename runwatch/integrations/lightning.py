@@ -281,8 +281,8 @@ class GradNormCallback(pl.Callback):
         return self._rank_run
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if "runwatch.torch" in sys.modules:
-            sys.modules["runwatch.torch"].flush_all()
+        # Run.finish logs the last step's runwatch.torch wait (rank 0's at the logger's
+        # finalize).
         if self._rank_run is not None:
             self._rank_run.finish()
             self._rank_run = None

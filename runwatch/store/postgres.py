@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("runwatch.store.postgres")
 
-URL_PREFIXES = ("postgresql://", "postgres://")
 WRITE_LOCK = 0x72756E77  # "runw": the one advisory lock every write transaction takes
 MIGRATE_LOCK = 0x72756E6D  # "runm": schema migrations
 POOL_MAX = int(os.environ.get("RUNWATCH_PG_POOL", "32"))
@@ -59,10 +58,6 @@ ID_TABLES = frozenset(
 )
 # Tables the SQLite code orders by ``rowid``: on PostgreSQL they get an identity column so named.
 ROWID_TABLES = ("step_context", "alert_attempts")
-
-
-def is_postgres_url(path: object) -> bool:
-    return isinstance(path, str) and path.startswith(URL_PREFIXES)
 
 
 def redact_url(url: str) -> str:
