@@ -27,10 +27,13 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runwatch.hook.run import Run, current_run
 from runwatch.hook.sections import COMPUTE_METRIC, WAIT_METRIC
+
+if TYPE_CHECKING:
+    from runwatch.torch.fsdp import FSDPTimer
 
 log = logging.getLogger("runwatch.torch")
 
@@ -41,12 +44,12 @@ class NotInstrumentable(ValueError):
     """The model or process cannot be timed (no process group, not DDP, a hook already set)."""
 
 
-class StepTimer:
-    """Per-step stamps of one DDP model; built by :func:`instrument`.
+class _Timer:
+    """What the DDP and FSDP timers share: the run, the clock (wall or CUDA events), the cost
+    counters, the step label and registration for :func:`flush_all`.
 
-    ``bucket`` and ``done`` are called from the comm hook (``done`` on the collective's
-    thread); everything else runs on the training thread. ``steps`` counts the steps whose
-    wait was logged; ``overhead_s`` + ``done_overhead_s`` is what the timing itself cost.
+    ``steps`` counts the steps logged; ``overhead_s`` + ``done_overhead_s`` is what the
+    timing itself cost (``done_overhead_s`` on a collective's thread, where there is one).
     """
 
     def __init__(
@@ -60,6 +63,37 @@ class StepTimer:
         self.overhead_s = 0.0  # time spent in this timer's own code (the cost figure)
         self.done_overhead_s = 0.0  # the same, on the collective's thread
         self._step = -1  # the step label of the iteration in flight
+
+    def _next_step(self) -> None:
+        """Label the iteration that starts now: the run's step, or one past the last label
+        when the user has not logged since (labels never repeat)."""
+        run_step = self.run.step
+        self._step = run_step if run_step > self._step else self._step + 1
+
+    def _stamp(self) -> Any:
+        if self.cuda:
+            import torch
+
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return self.clock()
+
+    def flush(self) -> None:  # pragma: no cover - each timer has its own
+        raise NotImplementedError
+
+
+class StepTimer(_Timer):
+    """Per-step stamps of one DDP model; built by :func:`instrument`.
+
+    ``bucket`` and ``done`` are called from the comm hook (``done`` on the collective's
+    thread); everything else runs on the training thread.
+    """
+
+    def __init__(
+        self, run: Run, *, cuda: bool = False, clock: Callable[[], float] = time.perf_counter
+    ):
+        super().__init__(run, cuda=cuda, clock=clock)
         self._launch: Any = None  # this iteration's last-bucket stamp
         self._done: Any = None  # this iteration's latest all-reduce stamp
         self._prev_done: Any = None  # the previous iteration's
@@ -70,8 +104,7 @@ class StepTimer:
         """A bucket is handed to the all-reduce; ``first`` starts a new iteration."""
         if first:
             self._close_iteration()
-            run_step = self.run.step
-            self._step = run_step if run_step > self._step else self._step + 1
+            self._next_step()
         if is_last:
             self._launch = self._stamp()
             if not self.cuda and self._prev_done is not None:
@@ -89,15 +122,6 @@ class StepTimer:
         return value
 
     # -- training thread -----------------------------------------------------------------
-    def _stamp(self) -> Any:
-        if self.cuda:
-            import torch
-
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return self.clock()
-
     def _close_iteration(self) -> None:
         if self._launch is not None and self._done is not None:
             if self._prev_done is not None:
@@ -127,13 +151,17 @@ class StepTimer:
         self._close_iteration()
 
 
-def instrument(model: Any, run: Run | None = None, *, process_group: Any = None) -> StepTimer:
-    """Time compute and all-reduce wait per step on this rank of a DDP ``model``.
+def instrument(
+    model: Any, run: Run | None = None, *, process_group: Any = None
+) -> StepTimer | FSDPTimer:
+    """Time compute and collective wait per step on this rank of a DDP or FSDP2 ``model``.
 
-    Registers a comm hook that wraps DDP's default all-reduce (gradients unchanged) and logs
-    ``step_time_compute`` and ``comm_wait_time`` into ``run`` (default: the current run)
-    with the rank's labels. Raises :class:`NotInstrumentable` (one line, nothing registered)
-    without a process group, for a model not wrapped in DDP, or when a hook is already set.
+    For DDP, registers a comm hook that wraps DDP's default all-reduce (gradients unchanged);
+    for an FSDP2 model (``fully_shard``), see :func:`runwatch.torch.fsdp.instrument_fsdp`.
+    Logs ``step_time_compute`` and ``comm_wait_time`` into ``run`` (default: the current
+    run) with the rank's labels. Raises :class:`NotInstrumentable` (one line, nothing
+    registered) without a process group, for a model that is neither, or when a hook is
+    already set.
     """
     try:
         import torch.distributed as dist
@@ -141,21 +169,18 @@ def instrument(model: Any, run: Run | None = None, *, process_group: Any = None)
         from torch.nn.parallel import DistributedDataParallel
     except ImportError as exc:  # pragma: no cover - torch is the extra
         raise NotInstrumentable(f"runwatch.torch needs PyTorch: {exc}") from None
-    if not dist.is_available() or not dist.is_initialized():
-        raise NotInstrumentable(
-            "runwatch.torch.instrument: no torch.distributed process group is up; call "
-            "dist.init_process_group() (torchrun) first: one process has no straggler"
-        )
+    _require_group(dist)
     if not isinstance(model, DistributedDataParallel):
+        from runwatch.torch import fsdp
+
+        if fsdp.is_fsdp(model):
+            return fsdp.instrument_fsdp(model, run)
         raise NotInstrumentable(
             f"runwatch.torch.instrument: the model is a {type(model).__name__}, not "
-            "DistributedDataParallel; wrap it first: model = DDP(model)"
+            "DistributedDataParallel; wrap it first: model = DDP(model), or "
+            "fully_shard(model) for FSDP2"
         )
-    run = run if run is not None else current_run()
-    if run is None:
-        raise NotInstrumentable(
-            "runwatch.torch.instrument: no run; call runwatch.init() first or pass run="
-        )
+    run = _run_or_raise(run)
     cuda = any(p.is_cuda for p in model.parameters())
     timer = StepTimer(run, cuda=cuda)
     state = _HookState(timer, process_group)
@@ -172,6 +197,25 @@ def instrument(model: Any, run: Run | None = None, *, process_group: Any = None)
         "CUDA events" if cuda else "wall clock",
     )
     return timer
+
+
+def _require_group(dist: Any) -> None:
+    """Raise :class:`NotInstrumentable` unless a process group is up."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise NotInstrumentable(
+            "runwatch.torch.instrument: no torch.distributed process group is up; call "
+            "dist.init_process_group() (torchrun) first: one process has no straggler"
+        )
+
+
+def _run_or_raise(run: Run | None) -> Run:
+    """``run``, else the current run (else :class:`NotInstrumentable`)."""
+    run = run if run is not None else current_run()
+    if run is None:
+        raise NotInstrumentable(
+            "runwatch.torch.instrument: no run; call runwatch.init() first or pass run="
+        )
+    return run
 
 
 class _HookState:
