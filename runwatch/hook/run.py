@@ -1,9 +1,10 @@
 """``runwatch.init()`` and the ``Run`` it returns: the logging hook in the training loop.
 
-``run.log`` is the hot path and does the least possible (sentry-python's habit): it computes
-the step, checks one bound, copies the dict and appends it to a ``deque`` whose size it tracks
-itself (``Queue`` with a real bound costs a lock and a condition per call, five times the
-budget). No thread waits on that deque: the writer drains it on its own clock
+``run.log`` is the hot path and does the least possible (sentry-python's habit), in C
+(``RunGate`` in ``_log_gate.pyx``: after a training step every interpreted line is a cache
+miss): it computes the step, checks one bound, copies the dict and appends it to a ``deque``
+whose size it tracks itself (``Queue`` with a real bound costs a lock and a condition per
+call, five times the budget). No thread waits on that deque: the writer drains it on its own clock
 (``runwatch.hook.drain``), so a call never wakes a thread that would then take the GIL from
 the training loop. Only a backlog past half the bound wakes the writer early. It never blocks
 and never raises into the training loop: a full queue, a finished run or a forked child count
@@ -28,12 +29,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from runwatch.guard import error_counts
+from runwatch.hook._log_gate import Flow, RunGate
 from runwatch.hook.backend import Backend, ReferenceRefused, StoreBackend
 from runwatch.hook.cpu_wait import CpuWait
 from runwatch.hook.drops import DROP_REASONS, DropCounter
 from runwatch.hook.ranks import RankPolicy, rank_info, rank_labels
 from runwatch.hook.transport import HttpBackend, make_backend_from_env
-from runwatch.hook.writer import ContextUpdate, Flow, Writer
+from runwatch.hook.writer import ContextUpdate, Writer
 from runwatch.model import EVENT_KINDS, Event, SeriesBatch
 from runwatch.store import DEFAULT_STORE, RunExistsError, store_label
 
@@ -84,7 +86,7 @@ def use_extras(factory: Callable[..., Extras] | None) -> None:
     _make_extras = factory
 
 
-class Run:
+class Run(RunGate):
     """A training run being logged; create it with :func:`runwatch.init`."""
 
     def __init__(
@@ -216,41 +218,6 @@ class Run:
             self._extras.start_sampler(self)
 
     # -- the hot path ------------------------------------------------------------------------
-    def log(
-        self,
-        data: Mapping[str, Any],
-        step: int | None = None,
-        context: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Record metrics at ``step`` (default: the last step + 1), like ``wandb.log``.
-
-        Returns at once; never raises. Values may be int, float, bool, NumPy scalars or
-        one-element tensors; NaN and Inf are stored as they are. ``context`` (e.g.
-        ``{"shard": "s17"}``) is merged into the run's step context from this step on, as
-        :meth:`context` does; passing the same dict every step costs one comparison.
-        """
-        try:
-            if step is None:
-                step = self._next_step
-            self._next_step = step + 1
-            n = len(data)
-            if not self._accepting:
-                self._drops.add(self._closed_reason, n)
-                return
-            if context is not None and (
-                type(context) is not dict or context != self._context_given
-            ):
-                self._log_with_context(data, step, n, context)
-                return
-            flow = self._flow
-            queued = flow.queued + n
-            if queued - flow.drained > self._wake_at and self._backlogged(queued, n):
-                return
-            flow.queued = queued
-            self._put((step, _now(), data.copy()))
-        except Exception:
-            self._refuse_call(data, step)
-
     def _backlogged(self, queued: int, n: int) -> bool:
         """Past half the bound: wake the writer (it drains now, not at its next tick); past
         the bound: drop the call, counted. True when it was dropped."""
@@ -279,11 +246,18 @@ class Run:
             self._drops.add("not_a_dict")
 
     def _refuse_call(self, data: object, step: object) -> None:
+        """``log``'s slow path: any Mapping but a plain dict (or a step the writer will judge)
+        is copied and queued within the bound; anything else is dropped, counted, warned."""
         try:
             if isinstance(data, Mapping) and self._accepting:
-                # a Mapping without .copy(): take the slow path
-                self._flow.queued += len(data)
-                self._put((step, _now(), dict(data)))
+                n = len(data)
+                flow = self._flow
+                queued = flow.queued + n
+                if queued - flow.drained > self._wake_at and self._backlogged(queued, n):
+                    return
+                copy = dict(data)
+                flow.queued = queued
+                self._put((step, _now(), copy))
                 return
             self._drops.add("not_a_dict" if not isinstance(data, Mapping) else "bad_step")
             self._drops.warn_once(

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from runwatch.guard import Guard
+from runwatch.hook._log_gate import Flow
 from runwatch.hook.backend import Backend, BackendError
 from runwatch.hook.cpu_wait import CPU_WAIT_METRIC, CpuWait
 from runwatch.hook.drain import Drain
@@ -94,17 +95,6 @@ def _plain(value: Any) -> Any:
         if isinstance(value, kind):
             return value if type(value) is kind else kind(value)
     return value
-
-
-class Flow:
-    """Counters shared by the training thread (``queued``) and the writer (``drained``)."""
-
-    __slots__ = ("drained", "queued", "written")
-
-    def __init__(self) -> None:
-        self.queued = 0
-        self.drained = 0
-        self.written = 0
 
 
 class _SeriesBuffer:

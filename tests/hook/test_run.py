@@ -121,6 +121,19 @@ def test_log_never_raises_on_nonsense(db_path):
     assert _series(db_path, "r", "loss")["step"].tolist() == [5]
 
 
+def test_a_refused_call_with_a_length_leaves_nothing_pending(db_path):
+    # A str or list has a len() but no dict copy: it is dropped, not counted as queued, so
+    # flush() does not wait for points that will never come.
+    with runwatch.init(name="r", store=db_path) as run:
+        run.log({"loss": 1.0})
+        run.log("loss")
+        run.log([("loss", 1.0)])
+        assert run.flush(timeout=5.0)
+        stats = run.stats()
+    assert stats["pending"] == 0 and stats["logged"] == 1
+    assert stats["dropped"] == {"not_a_dict": 2}
+
+
 def test_a_lower_step_starts_a_new_attempt_and_the_latest_wins(db_path):
     with runwatch.init(name="r", store=db_path) as run:
         for step in range(10):

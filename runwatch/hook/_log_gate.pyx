@@ -1,0 +1,82 @@
+# cython: language_level=3
+"""The compiled half of ``run.log``: the state it touches on every call, as C fields.
+
+``run.log`` runs once per training step, after milliseconds of other work, so every call
+starts on cold caches: each interpreted bytecode and each instance-dict lookup is a cache
+miss (bench/README-hook-cadence.md). Here the call is one C function, its state fields of
+one struct, the dict copied by ``PyDict_Copy`` and the clock read by ``clock_gettime`` as
+``time.time()`` reads it. ``Run`` subclasses ``RunGate``; every path but the plain call
+(a new context, a backlog, a closed run, bad input) goes back to ``Run``'s Python methods.
+"""
+
+from cpython.dict cimport PyDict_Copy
+from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
+
+
+cdef inline double wall_now() noexcept nogil:
+    """``time.time()``: the same clock, the same nanoseconds-to-seconds rounding."""
+    cdef timespec ts
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return <double>(ts.tv_sec * 1000000000LL + ts.tv_nsec) / 1e9
+
+
+cdef class Flow:
+    """Counters shared by the training thread (``queued``) and the writer (``drained``)."""
+
+    cdef public long long queued
+    cdef public long long drained
+    cdef public long long written
+
+
+cdef class RunGate:
+    """The fields ``run.log`` reads and writes on each call; ``Run`` sets them."""
+
+    cdef public object _next_step
+    cdef public bint _accepting
+    cdef public object _put
+    cdef public object _context_given
+    cdef public Flow _flow
+    cdef public long long _wake_at
+
+    def __cinit__(self, *args, **kwargs):
+        self._next_step = 0
+        self._flow = Flow()
+
+    def log(self, data, step=None, context=None):
+        """Record metrics at ``step`` (default: the last step + 1), like ``wandb.log``.
+
+        Returns at once; never raises. Values may be int, float, bool, NumPy scalars or
+        one-element tensors; NaN and Inf are stored as they are. ``context`` (e.g.
+        ``{"shard": "s17"}``) is merged into the run's step context from this step on, as
+        ``Run.context`` does; passing the same dict every step costs one comparison.
+        """
+        cdef Py_ssize_t n
+        cdef long long queued
+        cdef Flow flow
+        try:
+            if step is None:
+                step = self._next_step
+            self._next_step = step + 1
+            n = len(data)
+            if not self._accepting:
+                self._drops.add(self._closed_reason, n)
+                return
+            if context is not None and (
+                type(context) is not dict or context != self._context_given
+            ):
+                self._log_with_context(data, step, n, context)
+                return
+            flow = self._flow
+            queued = flow.queued + n
+            if queued - flow.drained > self._wake_at and self._backlogged(queued, n):
+                return
+            # Copied before it is counted: a call refused here must not stay pending. Any
+            # other Mapping is copied on the slow path; anything else is dropped there.
+            if type(data) is not dict:
+                self._refuse_call(data, step)
+                return
+            copy = PyDict_Copy(data)
+            flow.queued = queued
+            self._put((step, wall_now(), copy))
+        except Exception:
+            self._refuse_call(data, step)
