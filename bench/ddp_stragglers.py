@@ -1,6 +1,6 @@
 """Straggler figures of issue 25 on real torchrun DDP jobs (3 ranks, gloo, the CPU).
 
-    python bench/ddp_stragglers.py [--trials 3] [--steps 250] [--out FILE.md]
+    python bench/ddp_stragglers.py [--trials 3] [--steps 250] [--out FILE.md] [--fsdp]
 
 Each trial is one ``torchrun --nproc_per_node 3 tests/torch/ddp_job.py`` job: the user logs
 ``loss`` and the wall ``step_time`` as the README shows, plus the one line
@@ -18,6 +18,10 @@ Healthy ranks accused counts straggler episodes that name a rank that was not sl
 every trial (warm-up included). The cost is measured in the same runs: the hook's own time
 (``StepTimer.overhead_s`` + ``done_overhead_s``) over the rank's summed wall step time.
 The per-rank medians of own time and wait before and after step 100 are printed per trial.
+
+``--fsdp`` runs the same one-rank and clean cases on ``tests/torch/fsdp_job.py`` (the model
+sharded with FSDP2's ``fully_shard``; wait = time blocked in its all-gathers and
+reduce-scatters) and writes ``bench/results/fsdp_stragglers.md``; it has no all-ranks case.
 """
 
 from __future__ import annotations
@@ -40,14 +44,16 @@ from runwatch.detect.fleet.jobwide import merge_job_wide  # noqa: E402
 from runwatch.detect.fleet.monitor import fleet_anomalies  # noqa: E402
 from runwatch.pipeline.analysis import analyze_run  # noqa: E402
 
-JOB = ROOT / "tests" / "torch" / "ddp_job.py"
+JOBS = {"ddp": (ROOT / "tests" / "torch" / "ddp_job.py", "ddp-job")}
+JOBS["fsdp"] = (ROOT / "tests" / "torch" / "fsdp_job.py", "fsdp-job")
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 FROM = 100
 WITHIN = 50
 RANKS = 3
 
 
-def run_trial(case: str, trial: int, steps: int, base: Path) -> dict:
+def run_trial(case: str, trial: int, steps: int, base: Path, kind: str = "ddp") -> dict:
+    job, name = JOBS[kind]
     out = base / f"{case.replace(' ', '_').replace('%', 'pc').replace('+', '')}-{trial}"
     out.mkdir(parents=True)
     slow = trial % RANKS
@@ -63,7 +69,7 @@ def run_trial(case: str, trial: int, steps: int, base: Path) -> dict:
             "--standalone",
             "--nproc_per_node",
             str(RANKS),
-            str(JOB),
+            str(job),
             "--out",
             str(out),
             *args,
@@ -77,7 +83,7 @@ def run_trial(case: str, trial: int, steps: int, base: Path) -> dict:
         raise SystemExit(f"{case} trial {trial} failed:\n{proc.stderr[-2000:]}")
     pts = pd.concat(
         [
-            runwatch.open_store(str(out / f"rank{r}.db"), readonly=True).read_points("ddp-job")
+            runwatch.open_store(str(out / f"rank{r}.db"), readonly=True).read_points(name)
             for r in range(RANKS)
         ],
         ignore_index=True,
@@ -121,7 +127,7 @@ def run_trial(case: str, trial: int, steps: int, base: Path) -> dict:
             store = runwatch.open_store(str(out / f"rank{r}.db"))
             per_rank += [
                 a
-                for a in analyze_run(store, "ddp-job", save=False).anomalies
+                for a in analyze_run(store, name, save=False).anomalies
                 if a.metric in ("step_time", "step_time_compute")
             ]
         merged = merge_job_wide(per_rank, ranks=RANKS)
@@ -139,26 +145,32 @@ def run_trial(case: str, trial: int, steps: int, base: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", type=int, default=3)
-    p.add_argument("--steps", type=int, default=250)
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "ddp_stragglers.md"))
+    p.add_argument("--steps", type=int, default=None, help="default 250 (DDP), 200 (FSDP)")
+    p.add_argument("--fsdp", action="store_true", help="the FSDP2 job, not DDP")
+    p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    kind = "fsdp" if args.fsdp else "ddp"
+    args.steps = args.steps or (200 if args.fsdp else 250)
+    args.out = args.out or str(ROOT / "bench" / "results" / f"{kind}_stragglers.md")
     cases = [("+50%", args.trials), ("+10%", args.trials), ("all +100%", 2), ("none", 2)]
+    if args.fsdp:  # an FSDP step is ~4x a DDP step here: the one-rank cases and clean
+        cases.remove(("all +100%", 2))
     rows = []
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         for case, n in cases:
             for t in range(n):
-                row = run_trial(case, t, args.steps, Path(tmp))
+                row = run_trial(case, t, args.steps, Path(tmp), kind)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     total = time.perf_counter() - began
-    text = report(rows, args, total)
+    text = report(rows, args, total, kind)
     Path(args.out).write_text(text)
     print(text)
     return 0
 
 
-def report(rows: list[dict], args: argparse.Namespace, total: float) -> str:
+def report(rows: list[dict], args: argparse.Namespace, total: float, kind: str = "ddp") -> str:
     def share(case: str) -> str:
         rs = [r for r in rows if r["case"] == case]
         hit = [r for r in rs if r["named"]]
@@ -169,10 +181,12 @@ def report(rows: list[dict], args: argparse.Namespace, total: float) -> str:
     accused_all = sum(r["accused_n"] for r in rows if r["case"] == "all +100%")
     jw = [r for r in rows if r["case"] == "all +100%"]
     cost = max(r["cost"] for r in rows)
+    title = "FSDP2 (fully_shard)" if kind == "fsdp" else "DDP"
+    flag = " --fsdp" if kind == "fsdp" else ""
     lines = [
-        "# DDP stragglers (issue 25): real torchrun, 3 ranks, gloo, CPU",
+        f"# {title} stragglers (issue 25): real torchrun, 3 ranks, gloo, CPU",
         "",
-        f"`python bench/ddp_stragglers.py --trials {args.trials} --steps {args.steps}`, "
+        f"`python bench/ddp_stragglers.py{flag} --trials {args.trials} --steps {args.steps}`, "
         f"{time.strftime('%Y-%m-%d')}, {total:.0f} s in all. See bench/README-stragglers.md.",
         "",
         "| figure | goal | measured |",
@@ -180,11 +194,16 @@ def report(rows: list[dict], args: argparse.Namespace, total: float) -> str:
         f"| slowed rank named within {WITHIN} steps, +50% own time | >= 95% | {share('+50%')} |",
         f"| slowed rank named within {WITHIN} steps, +10% own time | >= 95% | {share('+10%')} |",
         f"| healthy ranks accused (one-rank and clean trials) | 0 | {accused} |",
-        f"| stragglers named when all ranks slowed | 0 | {accused_all} |",
-        "| job-wide slowdown: per-rank step-time episodes -> findings after merge | one per "
-        "metric | "
-        + "; ".join(f"{r['episodes_before']} -> {r['findings_after']}" for r in jw)
-        + " |",
+    ]
+    if jw:
+        lines += [
+            f"| stragglers named when all ranks slowed | 0 | {accused_all} |",
+            "| job-wide slowdown: per-rank step-time episodes -> findings after merge | one "
+            "per metric | "
+            + "; ".join(f"{r['episodes_before']} -> {r['findings_after']}" for r in jw)
+            + " |",
+        ]
+    lines += [
         f"| hook cost per step (its own time / wall step time, worst rank) | <= 1% | {cost:.3%} |",
         "",
         "## Trials",

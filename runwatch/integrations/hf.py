@@ -38,6 +38,7 @@ _RENAME = {"learning_rate": "lr"}
 (``loss``, ``grad_norm``, ``epoch``, ``eval_loss``, ``train_runtime``, ...)."""
 
 _NUMBER = (int, float)
+"""What ``_plain`` keeps as a number in the stored config."""
 
 
 def _plain(value: Any) -> Any:
@@ -196,28 +197,29 @@ class RunwatchCallback(TrainerCallback):
         run = self.run
         if run is None or not logs:
             return
-        out: dict[str, Any] = {}
-        for key, value in logs.items():
-            if type(value) in _NUMBER or hasattr(value, "item"):
-                out[_RENAME.get(key, key)] = value
+        timing = self._window_timing(state) if self._steps and "loss" in logs else None
+        run.log_numbers(logs, state.global_step, _RENAME, timing)
+
+    def _window_timing(self, state: Any) -> dict[str, float] | None:
+        """``step_time_s`` and ``tokens_per_s`` over the optimizer steps since the last
+        training log, and a new window started."""
         steps = self._steps
-        if steps and "loss" in logs:
-            spent = self._spent
-            if self._mark is not None:
-                spent += self._last_end - self._mark
-                self._mark = self._last_end
-            self._spent = 0.0
-            self._steps = 0
-            if spent > 0:
-                out["step_time_s"] = spent / steps
-                seen = state.num_input_tokens_seen
-                if seen:
-                    out["tokens_per_s"] = (seen - self._tokens_mark) / spent
-                    self._tokens_mark = seen
-                elif self._tokens_per_step:
-                    out["tokens_per_s"] = self._tokens_per_step * steps / spent
-        if out:
-            run.log(out, step=state.global_step)
+        spent = self._spent
+        if self._mark is not None:
+            spent += self._last_end - self._mark
+            self._mark = self._last_end
+        self._spent = 0.0
+        self._steps = 0
+        if spent <= 0:
+            return None
+        timing = {"step_time_s": spent / steps}
+        seen = state.num_input_tokens_seen
+        if seen:
+            timing["tokens_per_s"] = (seen - self._tokens_mark) / spent
+            self._tokens_mark = seen
+        elif self._tokens_per_step:
+            timing["tokens_per_s"] = self._tokens_per_step * steps / spent
+        return timing
 
     # -- end ---------------------------------------------------------------------------------
     def on_train_end(self, args, state, control, **kwargs):
@@ -227,26 +229,32 @@ class RunwatchCallback(TrainerCallback):
 
 
 def _time_ranks_when_wrapped(model: Any, run: Run) -> None:
-    """Turn on :mod:`runwatch.torch` (each rank's own time and all-reduce wait) at the
-    model's first forward under DDP.
+    """Turn on :mod:`runwatch.torch` (each rank's own time and collective wait) at the
+    model's first forward under DDP or FSDP2.
 
     Why then: a callback gets the model the Trainer wraps, never the wrapper, and the
     Trainer wraps it (through accelerate) only after ``on_train_begin``. DDP names itself
     while its forward runs (``DistributedDataParallel._get_active_ddp_module``), and a comm
-    hook may be registered up to the first backward. Not DDP (DeepSpeed, FSDP, one
-    process): nothing is timed.
+    hook may be registered up to the first backward. FSDP2 (``fully_shard``) shards the
+    model in place, so by its first forward the model itself is the ``FSDPModule``. Not DDP
+    or FSDP2 (DeepSpeed, FSDP1, one process): nothing is timed.
     """
     from torch.nn.parallel import DistributedDataParallel
 
     def first_forward(module: Any, inputs: Any) -> None:
         handle.remove()
-        ddp = DistributedDataParallel._get_active_ddp_module()
-        if ddp is None or ddp.module is not model:
-            log.debug("runwatch: the model is not run by DDP; no per-rank timing")
-            return
         try:
+            from torch.distributed.fsdp import FSDPModule
+
             import runwatch.torch as rt
 
+            if isinstance(model, FSDPModule):
+                rt.instrument(model, run)
+                return
+            ddp = DistributedDataParallel._get_active_ddp_module()
+            if ddp is None or ddp.module is not model:
+                log.debug("runwatch: the model is not run by DDP or FSDP2; no per-rank timing")
+                return
             rt.instrument(ddp, run)
         except Exception as exc:  # one line, and training goes on without the timing
             log.warning("runwatch: no per-rank timing: %s", exc)

@@ -146,3 +146,31 @@ def test_no_rank_slowed_under_fsdp_names_no_real_straggler(tmp_path):
     assert set(pts.loc[pts["metric"] == COMPUTE_METRIC, "rank"].astype(int)) == {0, 1, 2}
     stragglers = [a for a in fleet_anomalies(pts) if a.detector == "straggler"]
     assert all(a.details["slowdown"] < 1.2 for a in stragglers), [a.message for a in stragglers]
+
+
+def test_the_hf_callback_times_a_model_fsdp2_sharded_by_its_first_forward(one_rank_group, tmp_path):
+    """The wiring ``RunwatchCallback`` uses, on a real ``fully_shard`` model. (accelerate
+    turns FSDP on only for GPU-like devices, so a Trainer cannot shard on this CPU.)"""
+    from torch.distributed.fsdp import fully_shard
+
+    from runwatch.integrations.hf import _time_ranks_when_wrapped
+    from runwatch.torch import ddp
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    with runwatch.init(
+        name="hf-fsdp", store=str(tmp_path / "s.db"), monitor=False, cpu_wait=False
+    ) as run:
+        _time_ranks_when_wrapped(model, run)  # at on_train_begin: not sharded yet
+        fully_shard(model[0])
+        fully_shard(model)  # what accelerate does, in place, before the first forward
+        before = len(ddp._timers)
+        for step in range(6):
+            model(torch.randn(3, 4)).sum().backward()
+            run.log({"loss": 1.0}, step=step)
+        (timer,) = ddp._timers[before:]  # registered at the first forward
+        assert isinstance(timer, FSDPTimer) and timer.run is run
+    pts = runwatch.open_store(str(tmp_path / "s.db"), readonly=True).read_points("hf-fsdp")
+    own = pts[pts["metric"] == COMPUTE_METRIC]
+    # hooked at the first forward; the second starts timing; step 1 is start-up
+    assert sorted(own["step"]) == [2, 3, 4, 5]
+    assert (pts.loc[pts["metric"] == WAIT_METRIC, "value"] >= 0).all()
