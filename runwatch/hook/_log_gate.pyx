@@ -80,3 +80,21 @@ cdef class RunGate:
             self._put((step, wall_now(), copy))
         except Exception:
             self._refuse_call(data, step)
+
+    def log_numbers(self, data, step, rename, extra=None):
+        """``log`` of the numbers in a framework's mixed log dict (HF's ``logs``): int,
+        float and anything with ``.item()`` (tensors, NumPy scalars), under ``rename``'s
+        names; strings, bools and the rest are left out, uncounted. ``extra`` (a dict or
+        None) is added as it is. In C for the reason ``log`` is."""
+        cdef dict out = {}
+        try:
+            for key, value in data.items():
+                if type(value) is float or type(value) is int or hasattr(value, "item"):
+                    out[rename.get(key, key)] = value
+        except Exception:
+            self._refuse_call(data, step)
+            return
+        if extra:
+            out.update(extra)
+        if out:
+            self.log(out, step)
