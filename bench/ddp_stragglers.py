@@ -106,6 +106,7 @@ def run_trial(case: str, trial: int, steps: int, base: Path, kind: str = "ddp") 
         "delay": (min(a.details["detected_at"] for a in named) - FROM) if named else None,
         "accused": [(a.labels["rank"], a.start_step, a.details["detected_at"]) for a in accused],
         "accused_n": len(accused_all),
+        "episodes": [(a.labels.get("rank"), a.details["detected_at"]) for a in stragglers],
         "signals": sorted({a.details.get("signal") for a in stragglers}),
         "wait_agrees": [a.details.get("wait_agrees") for a in named],
     }
@@ -209,15 +210,17 @@ def report(rows: list[dict], args: argparse.Namespace, total: float, kind: str =
         "## Trials",
         "",
         "| case | trial | slow rank | named (delay) | accused (rank, onset, detected) | "
-        "own ms before -> after | wait ms before -> after | wall ms after | cost |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "own ms before -> after | wait ms before -> after | wall ms after | cost | "
+        "every straggler episode (rank, detected at) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['case']} | {r['trial']} | {r['slow_rank'] or '-'} | "
             f"{'yes (' + str(r['delay']) + ')' if r['named'] else 'no'} | "
             f"{r['accused'] or '-'} | {r['own'][0]} -> {r['own'][1]} | "
-            f"{r['wait'][0]} -> {r['wait'][1]} | {r['wall'][1]} | {r['cost']:.3%} |"
+            f"{r['wait'][0]} -> {r['wait'][1]} | {r['wall'][1]} | {r['cost']:.3%} | "
+            f"{r['episodes'] or '-'} |"
         )
     if jw:
         lines += ["", "Job-wide findings after the merge:", ""]
