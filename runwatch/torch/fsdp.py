@@ -98,10 +98,11 @@ class FSDPTimer(_Timer):
             t2 = time.perf_counter()
             self._comms.append((start, self._stamp()))
         else:
-            t1 = self.clock()
+            mark = self.clock()
+            t1 = time.perf_counter()
             work = inner(**kwargs)
-            t2 = self.clock()
-            self._wait += t2 - t1
+            t2 = time.perf_counter()
+            self._wait += self.clock() - mark
         self._reduced = self._reduced or reduce
         self.overhead_s += (t1 - t0) + (time.perf_counter() - t2)
         return work
