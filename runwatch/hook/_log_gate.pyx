@@ -51,8 +51,6 @@ cdef class RunGate:
         ``Run.context`` does; passing the same dict every step costs one comparison.
         """
         cdef Py_ssize_t n
-        cdef long long queued
-        cdef Flow flow
         try:
             if step is None:
                 step = self._next_step
@@ -66,18 +64,10 @@ cdef class RunGate:
             ):
                 self._log_with_context(data, step, n, context)
                 return
-            flow = self._flow
-            queued = flow.queued + n
-            if queued - flow.drained > self._wake_at and self._backlogged(queued, n):
-                return
-            # Copied before it is counted: a call refused here must not stay pending. Any
-            # other Mapping is copied on the slow path; anything else is dropped there.
-            if type(data) is not dict:
+            if type(data) is not dict:  # any other Mapping is copied on the slow path
                 self._refuse_call(data, step)
                 return
-            copy = PyDict_Copy(data)
-            flow.queued = queued
-            self._put((step, wall_now(), copy))
+            self._queue(step, data, n, True)
         except Exception:
             self._refuse_call(data, step)
 
@@ -87,14 +77,35 @@ cdef class RunGate:
         names; strings, bools and the rest are left out, uncounted. ``extra`` (a dict or
         None) is added as it is. In C for the reason ``log`` is."""
         cdef dict out = {}
+        cdef dict names
         try:
-            for key, value in data.items():
+            names = rename
+            for key, value in (<dict?>data).items():
                 if type(value) is float or type(value) is int or hasattr(value, "item"):
-                    out[rename.get(key, key)] = value
+                    out[names.get(key, key)] = value
+            if extra:
+                out.update(extra)
+            if not out:
+                return
+            if step is None:
+                step = self._next_step
+            self._next_step = step + 1
+            if not self._accepting:
+                self._drops.add(self._closed_reason, len(out))
+                return
+            self._queue(step, out, len(out), False)
         except Exception:
             self._refuse_call(data, step)
+
+    cdef _queue(self, step, dict data, Py_ssize_t n, bint copy):
+        """Put ``data`` (copied first unless the caller made it) on the writer's queue,
+        counted; past half the bound the slow path wakes the writer or drops the call.
+        Copied before it is counted: a call refused here must not stay pending."""
+        cdef Flow flow = self._flow
+        cdef long long queued = flow.queued + n
+        if queued - flow.drained > self._wake_at and self._backlogged(queued, n):
             return
-        if extra:
-            out.update(extra)
-        if out:
-            self.log(out, step)
+        if copy:
+            data = PyDict_Copy(data)
+        flow.queued = queued
+        self._put((step, wall_now(), data))
