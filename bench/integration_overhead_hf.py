@@ -8,11 +8,14 @@ callback events and its ``log()`` call as ``_maybe_log_save_evaluate`` makes it 
 
     callback_handler.on_step_begin(...); callback_handler.on_step_end(...); trainer.log(logs)
 
-Setups, each a fresh Trainer, measured in turn (the order alternates between repeats):
+Setups, each a fresh Trainer, measured interleaved step by step (the order rotating), so
+that the machine's drift over a repeat falls on all of them alike:
 
 - ``hf alone``: the Trainer's default callbacks, ``report_to=[]`` (the baseline);
 - ``+ RunwatchCallback``: the same plus the callback with a real SQLite store and live
   detection on, as a user gets it from two lines;
+- ``+ empty TrainerCallback`` (anchor): a callback that does nothing, so what HF's
+  dispatch of any one callback's events costs at this cadence (the floor of a callback);
 - ``+ TensorBoardCallback`` (anchor): ``report_to=["tensorboard"]``, HF's own integration;
 - anchors without a Trainer: ``run.log`` of the same values at the same cadence and back to
   back, and the callback's own three methods called directly, back to back (the part of
@@ -46,7 +49,7 @@ import runwatch
 from runwatch.integrations.hf import RunwatchCallback
 
 RESULTS = Path(__file__).parent / "results" / "integration_overhead_hf.md"
-SETUPS = ("hf alone", "+ RunwatchCallback", "+ TensorBoardCallback")
+SETUPS = ("hf alone", "+ RunwatchCallback", "+ empty TrainerCallback", "+ TensorBoardCallback")
 RAW = (
     "run.log alone, same cadence",
     "run.log alone, back to back",
@@ -68,6 +71,8 @@ def make_trainer(setup: str, tmp: Path, tag: str) -> tuple[transformers.Trainer,
     callbacks = []
     if setup == "+ RunwatchCallback":
         callbacks.append(RunwatchCallback(name=f"bench-{tag}", store=str(tmp / "bench.db")))
+    elif setup == "+ empty TrainerCallback":
+        callbacks.append(transformers.TrainerCallback())
     trainer = transformers.Trainer(
         model=transformers.GPT2LMHeadModel(config), args=args, callbacks=callbacks
     )
@@ -85,27 +90,36 @@ def busy(seconds: float) -> None:
         x += sum(range(200))
 
 
-def measure(setup: str, steps: int, work: float, tmp: Path, tag: str) -> np.ndarray:
-    trainer, args = make_trainer(setup, tmp, tag)
-    handler, state = trainer.callback_handler, trainer.state
+def measure_setups(steps: int, work: float, tmp: Path, tag: str) -> dict[str, np.ndarray]:
+    """Every setup's timed part, interleaved step by step (a fresh Trainer each, the order
+    rotating), each step after its own ``work`` seconds of busy work: the machine's drift
+    over a repeat falls on all setups alike, and every call still runs on cold caches."""
+    trainers = {s: make_trainer(s, tmp, f"{tag}-{k}") for k, s in enumerate(SETUPS)}
     rng = np.random.default_rng(0)
     loss = 4.0 + rng.normal(0, 0.05, steps)
     grad = np.exp(rng.normal(0, 0.2, steps))
-    out = np.empty(steps)
+    out = {s: np.empty(steps) for s in SETUPS}
     clock = time.perf_counter_ns
     with open(os.devnull, "w") as sink:  # HF prints each log (ProgressCallback): keep it
         for i in range(steps):
-            busy(work)
-            logs = {"loss": float(loss[i]), "grad_norm": float(grad[i]), "learning_rate": 3e-4}
-            with contextlib.redirect_stdout(sink):
-                t0 = clock()
-                trainer.control = handler.on_step_begin(args, state, trainer.control)
-                state.global_step += 1
-                trainer.control = handler.on_step_end(args, state, trainer.control)
-                trainer.log(logs)
-                out[i] = clock() - t0
-    trainer.control = handler.on_train_end(args, state, trainer.control)
-    return out / 1000.0  # us
+            for j in range(len(SETUPS)):
+                setup = SETUPS[(i + j) % len(SETUPS)]
+                trainer, args = trainers[setup]
+                handler, state = trainer.callback_handler, trainer.state
+                busy(work)
+                logs = {"loss": float(loss[i]), "grad_norm": float(grad[i]), "learning_rate": 3e-4}
+                with contextlib.redirect_stdout(sink):
+                    t0 = clock()
+                    trainer.control = handler.on_step_begin(args, state, trainer.control)
+                    state.global_step += 1
+                    trainer.control = handler.on_step_end(args, state, trainer.control)
+                    trainer.log(logs)
+                    out[setup][i] = clock() - t0
+    for trainer, args in trainers.values():
+        trainer.control = trainer.callback_handler.on_train_end(
+            args, trainer.state, trainer.control
+        )
+    return {s: v / 1000.0 for s, v in out.items()}  # us
 
 
 def measure_raw(setup: str, steps: int, work: float, tmp: Path, tag: str) -> np.ndarray:
@@ -162,14 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(opts.repeats):
-            order = SETUPS if r % 2 == 0 else tuple(reversed(SETUPS))
-            for setup in order + RAW:
-                how = measure if setup in SETUPS else measure_raw
-                if setup == RAW[2]:
-                    how = measure_direct
-                us = how(
-                    setup, opts.steps, opts.work_ms / 1000, Path(tmp), f"{r}-{len(rows[setup])}"
-                )
+            timed = measure_setups(opts.steps, opts.work_ms / 1000, Path(tmp), str(r))
+            for setup in RAW:
+                how = measure_direct if setup == RAW[2] else measure_raw
+                timed[setup] = how(setup, opts.steps, opts.work_ms / 1000, Path(tmp), f"{r}")
+            for setup, us in timed.items():
                 rows[setup].append((float(np.median(us)), float(np.percentile(us, 99))))
                 means[setup].append(float(np.mean(us)))
     elapsed = time.time() - started
@@ -211,8 +222,16 @@ def main(argv: list[str] | None = None) -> int:
         f"the callback's own calls back to back: "
         f"{statistics.median(m for m, _ in rows[RAW[2]]):.1f} us.\n\n"
     )
+    beyond_empty = [
+        m - e
+        for (m, _), (e, _) in zip(
+            rows["+ RunwatchCallback"], rows["+ empty TrainerCallback"], strict=True
+        )
+    ]
     summary += (
-        f"Goal <= 5 us median beyond HF's own logging: {verdict} ({runwatch_beyond:+.1f} us)."
+        f"Goal <= 5 us median beyond HF's own logging: {verdict} ({runwatch_beyond:+.1f} us). "
+        f"Beyond a callback that does nothing: {statistics.median(beyond_empty):+.1f} us "
+        f"({' / '.join(f'{b:+.1f}' for b in beyond_empty)})."
     )
     text = "\n".join([header, "", *lines, "", summary])
     print(text)
