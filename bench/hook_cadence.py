@@ -13,9 +13,10 @@ per put) competes with the next step for the GIL. Measured here, each in a fresh
 - the wall time logging adds per step to a loop that holds the GIL (a fixed amount of
   Python work, about 1 ms a step): blocks of steps with ``run.log``, with a bare put and
   with nothing, interleaved, every block building the same dict (only the call differs);
-  added = (block - block without logging) / steps, median over block pairs. A 0.15 s idle gap after each block (untimed) lets the writer finish, so a
-  block's leftover is not charged to the next one; the leftover (at most one tick's work)
-  is not charged at all, a small underestimate for both versions;
+  added = (block - block without logging) / steps, median over block pairs. A 0.15 s idle
+  gap after each block (untimed) lets the writer finish, so a block's leftover is not
+  charged to the next one; the leftover (at most one tick's work) is not charged at all, a
+  small underestimate for both versions;
 - anchors: the hook before this change (a git worktree of the previous commit, ``--before``),
   wandb offline ``log`` and tensorboardX's 4 ``add_scalar``, after 10 ms busy, each with its
   own interleaved bare put.
