@@ -19,8 +19,8 @@ every trial (warm-up included). The cost is measured in the same runs: the hook'
 (``StepTimer.overhead_s`` + ``done_overhead_s``) over the rank's summed wall step time.
 The per-rank medians of own time and wait before and after step 100 are printed per trial.
 
-``--fsdp`` runs the same one-rank and clean cases on ``tests/torch/fsdp_job.py`` (the model
-sharded with FSDP2's ``fully_shard``; wait = time blocked in its all-gathers and
+``--fsdp`` runs the same one-rank and clean cases on ``tests/torch/ddp_job.py --fsdp`` (the
+model sharded with FSDP2's ``fully_shard``; wait = time blocked in its all-gathers and
 reduce-scatters) and writes ``bench/results/fsdp_stragglers.md``; it has no all-ranks case.
 """
 
@@ -44,8 +44,8 @@ from runwatch.detect.fleet.jobwide import merge_job_wide  # noqa: E402
 from runwatch.detect.fleet.monitor import fleet_anomalies  # noqa: E402
 from runwatch.pipeline.analysis import analyze_run  # noqa: E402
 
-JOBS = {"ddp": (ROOT / "tests" / "torch" / "ddp_job.py", "ddp-job")}
-JOBS["fsdp"] = (ROOT / "tests" / "torch" / "fsdp_job.py", "fsdp-job")
+JOB = ROOT / "tests" / "torch" / "ddp_job.py"
+JOBS = {"ddp": ("ddp-job", []), "fsdp": ("fsdp-job", ["--fsdp"])}  # run name, job flags
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 FROM = 100
 WITHIN = 50
@@ -53,7 +53,7 @@ RANKS = 3
 
 
 def run_trial(case: str, trial: int, steps: int, base: Path, kind: str = "ddp") -> dict:
-    job, name = JOBS[kind]
+    name, flags = JOBS[kind]
     out = base / f"{case.replace(' ', '_').replace('%', 'pc').replace('+', '')}-{trial}"
     out.mkdir(parents=True)
     slow = trial % RANKS
@@ -69,7 +69,8 @@ def run_trial(case: str, trial: int, steps: int, base: Path, kind: str = "ddp") 
             "--standalone",
             "--nproc_per_node",
             str(RANKS),
-            str(job),
+            str(JOB),
+            *flags,
             "--out",
             str(out),
             *args,

@@ -111,6 +111,26 @@ def test_replay_names_the_rank_from_the_superseded_attempt():
     assert hangs[0].details["stalled_s"] == 1900.0 - (1000.0 + hang_step - 1)
 
 
+def test_own_time_is_the_heartbeat_where_ranks_log_it():
+    # A synchronous job: every rank logs the same wall step_time up to step 59, and its own
+    # time (step_time_compute) a step late, as FSDP's timer does. Rank 2 never started step
+    # 60, so its own time stops at 58; the wall time alone would show no rank behind.
+    rows = [("step_time", r, s, 0.03, 1000.0 + s) for s in range(60) for r in range(3)]
+    rows += [
+        ("step_time_compute", r, s, 0.02, 1000.5 + s)
+        for s in range(1, 60)
+        for r in range(3)
+        if s < 59 or r != 2
+    ]
+    points = pd.DataFrame(rows, columns=["metric", "rank", "step", "value", "time"])
+    hangs = [a for a in fleet_anomalies(points, now=2000.0) if a.detector == "hang"]
+    assert [(a.labels, a.start_step) for a in hangs] == [({"rank": 2}, 58)]
+    assert hangs[0].details["furthest_step"] == 59
+    wall_only = points[points["metric"] == "step_time"]
+    (stall,) = [a for a in fleet_anomalies(wall_only, now=2000.0) if a.detector == "hang"]
+    assert stall.labels == {} and "no rank is behind" in stall.message
+
+
 def _two_attempts(crash_time: float) -> tuple[pd.DataFrame, pd.DataFrame]:
     """16 ranks step to 120 every second from t=1000, the job fails at ``crash_time``, and
     attempt 2 resumes from step 100 at t=2000 (a restart gap of minutes)."""

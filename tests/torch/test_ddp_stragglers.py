@@ -3,14 +3,9 @@ job-wide slowdowns and hangs, from what each rank's hook logged."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -20,43 +15,7 @@ from runwatch.detect.fleet.jobwide import merge_job_wide  # noqa: E402
 from runwatch.detect.fleet.monitor import FleetMonitor, fleet_anomalies  # noqa: E402
 from runwatch.pipeline.analysis import analyze_run  # noqa: E402
 from runwatch.torch import NotInstrumentable, instrument  # noqa: E402
-
-JOB = Path(__file__).with_name("ddp_job.py")
-TORCHRUN = Path(sys.executable).with_name("torchrun")
-
-
-def run_job(out: Path, *args: str, ok: bool = True) -> pd.DataFrame:
-    """torchrun the job (bounded); every rank's points, one frame."""
-    out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [
-            str(TORCHRUN),
-            "--standalone",
-            "--nproc_per_node",
-            "3",
-            str(JOB),
-            "--out",
-            str(out),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
-    if ok:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    frames = [
-        runwatch.open_store(str(out / f"rank{r}.db"), readonly=True).read_points("ddp-job")
-        for r in range(3)
-    ]
-    return pd.concat(frames, ignore_index=True)
-
-
-def medians(points: pd.DataFrame, metric: str, lo: int, hi: int = 10**9) -> pd.Series:
-    rows = points[(points["metric"] == metric) & points["step"].between(lo, hi)]
-    return rows.groupby(rows["rank"].astype(int))["value"].median()
+from tests.torch.torchrun_jobs import medians, run_job  # noqa: E402
 
 
 def test_instrument_refuses_a_process_without_a_group_in_one_line():

@@ -5,42 +5,21 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
+import time
+from functools import partial
 
-import pandas as pd
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import runwatch  # noqa: E402
-from runwatch.detect.fleet.monitor import fleet_anomalies  # noqa: E402
+from runwatch.detect.fleet.monitor import FleetMonitor, fleet_anomalies  # noqa: E402
 from runwatch.torch import COMPUTE_METRIC, WAIT_METRIC, NotInstrumentable, instrument  # noqa: E402
 from runwatch.torch.fsdp import FSDPTimer  # noqa: E402
+from tests.torch import torchrun_jobs  # noqa: E402
+from tests.torch.torchrun_jobs import medians  # noqa: E402
 
-JOB = Path(__file__).with_name("fsdp_job.py")
-TORCHRUN = Path(sys.executable).with_name("torchrun")
-
-
-def run_job(out: Path, *args: str) -> pd.DataFrame:
-    """torchrun the FSDP job (bounded); every rank's points, one frame."""
-    out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "3", str(JOB), "--out", str(out)]
-    proc = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=150, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    frames = [
-        runwatch.open_store(str(out / f"rank{r}.db"), readonly=True).read_points("fsdp-job")
-        for r in range(3)
-    ]
-    return pd.concat(frames, ignore_index=True)
-
-
-def medians(points: pd.DataFrame, metric: str, lo: int, hi: int = 10**9) -> pd.Series:
-    rows = points[(points["metric"] == metric) & points["step"].between(lo, hi)]
-    return rows.groupby(rows["rank"].astype(int))["value"].median()
+run_job = partial(torchrun_jobs.run_job, fsdp=True)
 
 
 @pytest.fixture
@@ -146,6 +125,21 @@ def test_no_rank_slowed_under_fsdp_names_no_real_straggler(tmp_path):
     assert set(pts.loc[pts["metric"] == COMPUTE_METRIC, "rank"].astype(int)) == {0, 1, 2}
     stragglers = [a for a in fleet_anomalies(pts) if a.detector == "straggler"]
     assert all(a.details["slowdown"] < 1.2 for a in stragglers), [a.message for a in stragglers]
+
+
+def test_a_rank_hanging_before_fsdps_collectives_is_named(tmp_path):
+    # Rank 2 stalls before its forward at step 60 and dies; the others enter the step's
+    # all-gather and wait. A step is logged when the next one starts, so rank 2's last
+    # logged step is one behind theirs: the hang detector's cue.
+    pts = run_job(
+        tmp_path, "--hang", "2", "--hang-step", "60", "--hang-s", "4", "--steps", "200", ok=False
+    )
+    last = pts[pts["metric"] == COMPUTE_METRIC].groupby(pts["rank"].astype(int))["step"].max()
+    assert last[2] < last.drop(2).min()
+    fm = FleetMonitor(hang={"min_timeout_s": 2.0})
+    hangs = [a for a in fleet_anomalies(pts, now=time.time(), monitor=fm) if a.detector == "hang"]
+    assert {a.labels["rank"] for a in hangs} == {2}
+    assert "rank 2" in hangs[0].message and hangs[0].details["last_step"] == last[2]
 
 
 def test_the_hf_callback_times_a_model_fsdp2_sharded_by_its_first_forward(one_rank_group, tmp_path):

@@ -14,8 +14,10 @@ detectors; ``gpu_*`` series (from the NVML collector or DCGM) feed the hardware 
 events do too. ``runwatch.torch`` logs each rank's own time as ``step_time_compute`` (a step
 time, so the straggler and hang detectors read it) and its all-reduce wait as
 ``comm_wait_time``: a straggler's message says which signal named it and whether it also
-waited least, as a real straggler does. Every anomaly names the rank (and host and GPU where
-known) in ``labels``.
+waited least, as a real straggler does. Where a rank logs its own time, that alone is its
+heartbeat for the hang detector: the wall step time users log is the same on every rank of a
+synchronous job, and would hide the rank the others wait for. Every anomaly names the rank
+(and host and GPU where known) in ``labels``.
 
 >>> import numpy as np, pandas as pd
 >>> steps, ranks = np.meshgrid(np.arange(200), np.arange(8), indexing="ij")
@@ -92,6 +94,8 @@ class FleetMonitor:
         self._anomalies: list[Anomaly] = []
         self._seen: set[int] = set()
         self._waits: dict[int, deque[tuple[int, float]]] = {}
+        # Rank columns that log their own time: it alone is their heartbeat (see _beats).
+        self._timed: set[int] = set()
 
     # -- results ---------------------------------------------------------------------------
     @property
@@ -125,7 +129,10 @@ class FleetMonitor:
             return out
         col = self._col(labels)
         step = int(step)
-        self.hangs.beat(col, step, now=time)
+        if metric == OWN_TIME_METRIC:
+            self._timed.add(col)
+        if metric == OWN_TIME_METRIC or col not in self._timed:
+            self.hangs.beat(col, step, now=time)
         pending = self._pending.get(metric)
         if pending is not None and step > pending[0]:
             out += self._flush(metric)
@@ -149,7 +156,12 @@ class FleetMonitor:
         self, metric: str, step: int, columns: np.ndarray, values: np.ndarray, time: float
     ) -> list[Anomaly]:
         """Feed one step of a step-time metric for many rank columns at once (replay)."""
-        self.hangs.beat_many(columns[np.isfinite(values)], int(step), now=time)
+        beating = columns[np.isfinite(values)]
+        if metric == OWN_TIME_METRIC:
+            self._timed.update(beating.tolist())
+        elif self._timed:
+            beating = beating[~np.isin(beating, list(self._timed))]
+        self.hangs.beat_many(beating, int(step), now=time)
         row = np.full(len(self._labels), np.nan)
         row[columns] = values
         return self._keep(self._detector(metric).update(int(step), row))
