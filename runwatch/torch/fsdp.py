@@ -244,8 +244,9 @@ def _comm_classes() -> tuple[type, type]:
 _AllGather, _ReduceScatter = _comm_classes()
 
 
-class _TimedAllGather(_AllGather):
-    """FSDP's all-gather, unchanged, with its blocking time added to the step's wait."""
+class _TimedComm:
+    """What both timed collectives share: FSDP's own collective (``inner``), whose buffers
+    they allocate unchanged, and the timer their calls report to."""
 
     def __init__(self, inner: Any, timer: FSDPTimer) -> None:
         self.inner = inner
@@ -253,6 +254,10 @@ class _TimedAllGather(_AllGather):
 
     def allocate(self, size: Any, *, dtype: Any, device: Any) -> Any:
         return self.inner.allocate(size, dtype=dtype, device=device)
+
+
+class _TimedAllGather(_TimedComm, _AllGather):
+    """FSDP's all-gather, unchanged, with its blocking time added to the step's wait."""
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
         return self.timer.comm(
@@ -265,15 +270,8 @@ class _TimedAllGather(_AllGather):
         )
 
 
-class _TimedReduceScatter(_ReduceScatter):
+class _TimedReduceScatter(_TimedComm, _ReduceScatter):
     """FSDP's reduce-scatter, unchanged, with its blocking time added to the step's wait."""
-
-    def __init__(self, inner: Any, timer: FSDPTimer) -> None:
-        self.inner = inner
-        self.timer = timer
-
-    def allocate(self, size: Any, *, dtype: Any, device: Any) -> Any:
-        return self.inner.allocate(size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         return self.timer.comm(
