@@ -98,14 +98,22 @@ cdef class RunGate:
             self._refuse_call(data, step)
 
     cdef _queue(self, step, dict data, Py_ssize_t n, bint copy):
-        """Put ``data`` (copied first unless the caller made it) on the writer's queue,
-        counted; past half the bound the slow path wakes the writer or drops the call.
-        Copied before it is counted: a call refused here must not stay pending."""
+        """Put ``data`` (copied first unless the caller made it) on the writer's queue, if
+        the bound lets its ``n`` points in."""
+        if self._count(n):
+            self._put((step, wall_now(), PyDict_Copy(data) if copy else data))
+
+    cdef bint _count(self, Py_ssize_t n) except -1:
+        """Count ``n`` points as queued; past half the bound the slow path wakes the writer
+        or drops them (counted). False when they were dropped: put nothing then."""
         cdef Flow flow = self._flow
         cdef long long queued = flow.queued + n
         if queued - flow.drained > self._wake_at and self._backlogged(queued, n):
-            return
-        if copy:
-            data = PyDict_Copy(data)
+            return False
         flow.queued = queued
-        self._put((step, wall_now(), data))
+        return True
+
+    def _admit(self, Py_ssize_t n):
+        """``_count`` for ``Run``'s slow paths: count a call's points before putting it,
+        and only once its copy is made (a call that fails there must not stay pending)."""
+        return self._count(n)

@@ -250,14 +250,9 @@ class Run(RunGate):
         is copied and queued within the bound; anything else is dropped, counted, warned."""
         try:
             if isinstance(data, Mapping) and self._accepting:
-                n = len(data)
-                flow = self._flow
-                queued = flow.queued + n
-                if queued - flow.drained > self._wake_at and self._backlogged(queued, n):
-                    return
                 copy = dict(data)
-                flow.queued = queued
-                self._put((step, _now(), copy))
+                if self._admit(len(copy)):
+                    self._put((step, _now(), copy))
                 return
             self._drops.add("not_a_dict" if not isinstance(data, Mapping) else "bad_step")
             self._drops.warn_once(
@@ -276,6 +271,10 @@ class Run(RunGate):
 
         Few calls on purpose: after a training step's work every call here runs with cold
         caches, at several microseconds each (bench/README-logging.md)."""
+        if not isinstance(data, Mapping):  # dropped as log drops it, and its context too
+            self._refuse_call(data, step)
+            return
+        points = dict(data)
         update: ContextUpdate | None = ContextUpdate()
         try:
             given = dict(context) if isinstance(context, Mapping) else context
@@ -298,18 +297,15 @@ class Run(RunGate):
                 type(context).__name__,
             )
             update = None
-        flow = self._flow
-        queued = flow.queued + n
-        if queued - flow.drained > self._wake_at and self._backlogged(queued, n):
+        if not self._admit(n):
             if update is not None:  # the points are dropped, the context still holds
                 update.log = None
                 self._put(update)
             return
-        flow.queued = queued
         if update is None:
-            self._put((step, _now(), data.copy()))
+            self._put((step, _now(), points))
         else:
-            update.log = (step, update.time, data.copy())
+            update.log = (step, update.time, points)
             self._put(update)
 
     # -- the rest of the API -----------------------------------------------------------------

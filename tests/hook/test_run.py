@@ -134,6 +134,15 @@ def test_a_refused_call_with_a_length_leaves_nothing_pending(db_path):
     assert stats["dropped"] == {"not_a_dict": 2}
 
 
+def test_a_refused_call_with_a_context_leaves_nothing_pending(db_path):
+    with runwatch.init(name="r", store=db_path, monitor=False) as run:
+        run.log("loss", context={"shard": "s1"})
+        run.log({"loss": 1.0}, context={"shard": "s2"})
+        assert run.flush(timeout=5.0)
+        stats = run.stats()
+    assert stats["pending"] == 0 and stats["dropped"] == {"not_a_dict": 1}
+
+
 def test_log_numbers_keeps_the_numbers_of_a_mixed_dict_under_new_names(db_path):
     logs = {"loss": 2.5, "learning_rate": 1e-3, "epoch": 1, "tag": "x", "flag": True,
             "g": np.float32(0.5), "hist": [1, 2]}  # fmt: skip
