@@ -87,20 +87,21 @@ class FSDPTimer(_Timer):
         self._next_step()
         self.overhead_s += time.perf_counter() - began
 
-    def comm(self, inner: Any, reduce: bool, **kwargs: Any) -> Any:
-        """Run one of FSDP's collectives (``inner(**kwargs)``), adding the time it blocks to
-        the step's wait; only the code around the call counts as this timer's cost."""
+    def comm(self, inner: Any, reduce: bool, *args: Any, **kwargs: Any) -> Any:
+        """Run one of FSDP's collectives (``inner(*args, **kwargs)``), adding the time it
+        blocks to the step's wait; only the code around the call counts as this timer's
+        cost."""
         t0 = time.perf_counter()
         if self.cuda:
             start = self._stamp()
             t1 = time.perf_counter()
-            work = inner(**kwargs)
+            work = inner(*args, **kwargs)
             t2 = time.perf_counter()
             self._comms.append((start, self._stamp()))
         else:
             mark = self.clock()
             t1 = time.perf_counter()
-            work = inner(**kwargs)
+            work = inner(*args, **kwargs)
             t2 = time.perf_counter()
             self._wait += self.clock() - mark
         self._reduced = self._reduced or reduce
@@ -245,8 +246,11 @@ _AllGather, _ReduceScatter = _comm_classes()
 
 
 class _TimedComm:
-    """What both timed collectives share: FSDP's own collective (``inner``), whose buffers
-    they allocate unchanged, and the timer their calls report to."""
+    """FSDP's own collective (``inner``), called unchanged with the same buffers, its
+    blocking time added to the step's wait; ``reduce`` says whether it reduces gradients
+    (a reduce-scatter: the step's gradients were synced)."""
+
+    reduce = False
 
     def __init__(self, inner: Any, timer: FSDPTimer) -> None:
         self.inner = inner
@@ -255,31 +259,15 @@ class _TimedComm:
     def allocate(self, size: Any, *, dtype: Any, device: Any) -> Any:
         return self.inner.allocate(size, dtype=dtype, device=device)
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.timer.comm(self.inner, self.reduce, *args, **kwargs)
+
 
 class _TimedAllGather(_TimedComm, _AllGather):
-    """FSDP's all-gather, unchanged, with its blocking time added to the step's wait."""
-
-    def __call__(self, output_tensor, input_tensor, group, async_op=False):
-        return self.timer.comm(
-            self.inner,
-            False,
-            output_tensor=output_tensor,
-            input_tensor=input_tensor,
-            group=group,
-            async_op=async_op,
-        )
+    """FSDP's all-gather, timed."""
 
 
 class _TimedReduceScatter(_TimedComm, _ReduceScatter):
-    """FSDP's reduce-scatter, unchanged, with its blocking time added to the step's wait."""
+    """FSDP's reduce-scatter, timed."""
 
-    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-        return self.timer.comm(
-            self.inner,
-            True,
-            output_tensor=output_tensor,
-            input_tensor=input_tensor,
-            group=group,
-            op=op,
-            async_op=async_op,
-        )
+    reduce = True

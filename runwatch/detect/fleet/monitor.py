@@ -94,7 +94,8 @@ class FleetMonitor:
         self._anomalies: list[Anomaly] = []
         self._seen: set[int] = set()
         self._waits: dict[int, deque[tuple[int, float]]] = {}
-        # Rank columns that log their own time: it alone is their heartbeat (see _beats).
+        # Rank columns that log their own time: it alone is their hang heartbeat (update,
+        # step_row; the module docstring says why).
         self._timed: set[int] = set()
 
     # -- results ---------------------------------------------------------------------------
