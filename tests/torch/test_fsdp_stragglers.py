@@ -17,6 +17,7 @@ from runwatch.detect.fleet.monitor import FleetMonitor, fleet_anomalies  # noqa:
 from runwatch.torch import COMPUTE_METRIC, WAIT_METRIC, NotInstrumentable, instrument  # noqa: E402
 from runwatch.torch.fsdp import FSDPTimer  # noqa: E402
 from tests.torch import torchrun_jobs  # noqa: E402
+from tests.torch.recording_run import RecordingRun  # noqa: E402
 from tests.torch.torchrun_jobs import medians  # noqa: E402
 
 run_job = partial(torchrun_jobs.run_job, fsdp=True)
@@ -57,18 +58,9 @@ def test_fsdp1_is_refused_in_one_line_and_fsdp2_twice_too(one_rank_group, tmp_pa
             instrument(model)
 
 
-class FakeRun:
-    def __init__(self) -> None:
-        self.step = 0
-        self.logged: list[tuple[int, dict]] = []
-
-    def log_labeled(self, data, labels, step=None):
-        self.logged.append((step, dict(data)))
-
-
 def test_a_step_ends_at_the_first_forward_after_reduced_gradients():
     ticks = iter(float(t) for t in range(100))
-    run = FakeRun()
+    run = RecordingRun()
     timer = FSDPTimer(run, clock=lambda: next(ticks))
     calls = []
 

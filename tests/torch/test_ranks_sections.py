@@ -10,6 +10,7 @@ import pytest
 from runwatch.hook import ranks
 from runwatch.hook.ranks import RankPolicy, keeps_metric, rank_info
 from runwatch.hook.sections import Sections, section_metric
+from tests.torch.recording_run import RecordingRun
 
 LIGHTNING = {"NODE_RANK": "0", "LOCAL_RANK": "3", "WORLD_SIZE": "4", "MASTER_PORT": "1"}
 
@@ -60,18 +61,9 @@ def test_per_rank_names_are_kept_and_other_drops_warn_once_naming_the_setting(ca
     assert keeps_metric("anything", 0) and not keeps_metric("compute_time", 1)
 
 
-class _Run:
-    def __init__(self) -> None:
-        self.step = 0
-        self.logged: list[tuple[int, dict]] = []
-
-    def log_labeled(self, data, labels, step=None):
-        self.logged.append((step, dict(data)))
-
-
 def test_sections_sum_per_step_and_log_once_per_step_with_their_metric_names():
     ticks = iter([0.0, 1.0, 1.0, 1.5, 2.0, 2.25, 3.0, 3.5])
-    run = _Run()
+    run = RecordingRun()
     s = Sections(run, clock=lambda: next(ticks))
     ran = []  # each timed block runs its body once, inside the section
     with s.section("compute"):
