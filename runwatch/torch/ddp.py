@@ -243,7 +243,7 @@ def _timed_allreduce(state, bucket):
     return out
 
 
-_timers: list[StepTimer] = []
+_timers: list[_Timer] = []  # DDP and FSDP timers alike, for flush_all
 
 
 def flush_all() -> None:
