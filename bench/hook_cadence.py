@@ -29,6 +29,7 @@ Every version runs ``--repeats`` times in alternation; the spread is printed.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import platform
@@ -137,8 +138,16 @@ def child_runwatch(src: str, steps: dict[str, int], blocks: int, block_steps: in
     def c_log(d: dict[str, float]) -> None:
         run.log(d, step=step[0])
 
+    hf_state.log_history = []  # type: ignore[attr-defined]
+    if hasattr(callback, "_marks"):  # since 2026-11-27 the writer reads HF's log_history
+        from runwatch.integrations.hf import _LogHistoryReader
+
+        callback._marks = collections.deque()
+        run.follow(_LogHistoryReader(callback._marks, None))
+
     def c_hf(d: dict[str, float]) -> None:
         hf_state.global_step = step[0]  # type: ignore[attr-defined]
+        hf_state.log_history.append({**d, "step": step[0]})  # Trainer.log's own append
         callback.on_log(hf_args, hf_state, hf_control, logs=d)
 
     def c_pl(d: dict[str, float]) -> None:

@@ -8,8 +8,9 @@ callback events and its ``log()`` call as ``_maybe_log_save_evaluate`` makes it 
 
     callback_handler.on_step_begin(...); callback_handler.on_step_end(...); trainer.log(logs)
 
-Setups, each a fresh Trainer, measured interleaved step by step (the order rotating), so
-that the machine's drift over a repeat falls on all of them alike:
+Setups, each a fresh Trainer, measured interleaved step by step in a new random order each
+step, so that the machine's drift over a repeat, and what the setup before leaves behind
+(TensorBoard's writer thread, say), fall on all of them alike:
 
 - ``hf alone``: the Trainer's default callbacks, ``report_to=[]`` (the baseline);
 - ``+ RunwatchCallback``: the same plus the callback with a real SQLite store and live
@@ -17,12 +18,16 @@ that the machine's drift over a repeat falls on all of them alike:
 - ``+ empty TrainerCallback`` (anchor): a callback that does nothing, so what HF's
   dispatch of any one callback's events costs at this cadence (the floor of a callback);
 - ``+ TensorBoardCallback`` (anchor): ``report_to=["tensorboard"]``, HF's own integration;
+- ``hf alone, a second Trainer`` (anchor): the baseline again, so how far two identical
+  setups read apart (the figure's noise floor);
 - anchors without a Trainer: ``run.log`` of the same values at the same cadence and back to
   back, and the callback's own three methods called directly, back to back (the part of
   the cost that is the callback's code rather than the hook's writer thread).
 
 Printed: median and p99 of the timed part per setup and repeat, and each setup's median
-beyond the baseline. Goal: RunwatchCallback <= 5 us median beyond HF's own logging.
+beyond the baseline; also the CPU time of the callback's writer thread per logged step,
+which does the work the training thread no longer does (it holds the GIL meanwhile).
+Goal: RunwatchCallback <= 5 us median beyond HF's own logging.
 
     python bench/integration_overhead_hf.py [--steps 1500] [--repeats 3] [--work-ms 10]
 """
@@ -49,12 +54,19 @@ import runwatch
 from runwatch.integrations.hf import RunwatchCallback
 
 RESULTS = Path(__file__).parent / "results" / "integration_overhead_hf.md"
-SETUPS = ("hf alone", "+ RunwatchCallback", "+ empty TrainerCallback", "+ TensorBoardCallback")
+SETUPS = (
+    "hf alone",
+    "+ RunwatchCallback",
+    "+ empty TrainerCallback",
+    "+ TensorBoardCallback",
+    "hf alone, a second Trainer",
+)
 RAW = (
     "run.log alone, same cadence",
     "run.log alone, back to back",
     "RunwatchCallback's own calls, back to back",
 )
+WRITER = "RunwatchCallback's writer thread, CPU per logged step"
 
 
 def make_trainer(setup: str, tmp: Path, tag: str) -> tuple[transformers.Trainer, Any]:
@@ -91,19 +103,22 @@ def busy(seconds: float) -> None:
 
 
 def measure_setups(steps: int, work: float, tmp: Path, tag: str) -> dict[str, np.ndarray]:
-    """Every setup's timed part, interleaved step by step (a fresh Trainer each, the order
-    rotating), each step after its own ``work`` seconds of busy work: the machine's drift
-    over a repeat falls on all setups alike, and every call still runs on cold caches."""
+    """Every setup's timed part, interleaved step by step (a fresh Trainer each, in a new
+    random order each step), each step after its own ``work`` seconds of busy work: the
+    machine's drift over a repeat, and what the setup before leaves behind, fall on all
+    setups alike, and every call still runs on cold caches."""
     trainers = {s: make_trainer(s, tmp, f"{tag}-{k}") for k, s in enumerate(SETUPS)}
     rng = np.random.default_rng(0)
     loss = 4.0 + rng.normal(0, 0.05, steps)
     grad = np.exp(rng.normal(0, 0.2, steps))
     out = {s: np.empty(steps) for s in SETUPS}
+    writer = writer_thread_id(trainers["+ RunwatchCallback"][0])
+    writer_cpu = writer_cpu_s(writer)
     clock = time.perf_counter_ns
     with open(os.devnull, "w") as sink:  # HF prints each log (ProgressCallback): keep it
         for i in range(steps):
-            for j in range(len(SETUPS)):
-                setup = SETUPS[(i + j) % len(SETUPS)]
+            for j in rng.permutation(len(SETUPS)):
+                setup = SETUPS[j]
                 trainer, args = trainers[setup]
                 handler, state = trainer.callback_handler, trainer.state
                 busy(work)
@@ -115,11 +130,28 @@ def measure_setups(steps: int, work: float, tmp: Path, tag: str) -> dict[str, np
                     trainer.control = handler.on_step_end(args, state, trainer.control)
                     trainer.log(logs)
                     out[setup][i] = clock() - t0
+    writer_cpu = writer_cpu_s(writer) - writer_cpu
     for trainer, args in trainers.values():
         trainer.control = trainer.callback_handler.on_train_end(
             args, trainer.state, trainer.control
         )
-    return {s: v / 1000.0 for s, v in out.items()}  # us
+    timed = {s: v / 1000.0 for s, v in out.items()}  # us
+    timed[WRITER] = np.array([writer_cpu / steps * 1e6])
+    return timed
+
+
+def writer_thread_id(trainer: transformers.Trainer) -> int:
+    """The native id of the writer thread of the trainer's RunwatchCallback run."""
+    callback = next(
+        c for c in trainer.callback_handler.callbacks if isinstance(c, RunwatchCallback)
+    )
+    return callback.run._writer.worker._thread.native_id
+
+
+def writer_cpu_s(tid: int) -> float:
+    """A thread's seconds on a CPU so far (Linux scheduler statistics)."""
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
 
 
 def measure_raw(setup: str, steps: int, work: float, tmp: Path, tag: str) -> np.ndarray:
@@ -151,6 +183,7 @@ def measure_direct(setup: str, steps: int, work: float, tmp: Path, tag: str) -> 
     clock = time.perf_counter_ns
     for i in range(len(out)):
         logs = {"loss": 4.0, "grad_norm": 1.0, "learning_rate": 3e-4, "epoch": 0.5}
+        state.log_history.append({**logs, "step": state.global_step + 1})  # Trainer.log's
         t0 = clock()
         callback.on_step_begin(args, state, control)
         state.global_step += 1
@@ -171,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     transformers.logging.set_verbosity_error()
 
-    rows: dict[str, list[tuple[float, float]]] = {s: [] for s in SETUPS + RAW}
-    means: dict[str, list[float]] = {s: [] for s in SETUPS + RAW}
+    rows: dict[str, list[tuple[float, float]]] = {s: [] for s in SETUPS + RAW + (WRITER,)}
+    means: dict[str, list[float]] = {s: [] for s in SETUPS + RAW + (WRITER,)}
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(opts.repeats):
@@ -191,13 +224,15 @@ def main(argv: list[str] | None = None) -> int:
         "| median beyond hf alone, us |",
         "|---|---|---|---|---|",
     ]
-    for setup in SETUPS + RAW:
+    for setup in SETUPS + RAW + (WRITER,):
         med = [m for m, _ in rows[setup]]
         p99 = [p for _, p in rows[setup]]
         beyond = [m - b for m, b in zip(med, base, strict=True)]
         extra = (
             f"{statistics.median(beyond):+.1f} ({' / '.join(f'{b:+.1f}' for b in beyond)})"
             if setup in SETUPS
+            else "(off the training thread)"
+            if setup == WRITER
             else "(no Trainer)"
         )
         lines.append(
@@ -232,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
         f"Goal <= 5 us median beyond HF's own logging: {verdict} ({runwatch_beyond:+.1f} us). "
         f"Beyond a callback that does nothing: {statistics.median(beyond_empty):+.1f} us "
         f"({' / '.join(f'{b:+.1f}' for b in beyond_empty)})."
+    )
+    again = [m - b for (m, _), b in zip(rows["hf alone, a second Trainer"], base, strict=True)]
+    summary += (
+        f" The baseline against itself (a second Trainer): "
+        f"{' / '.join(f'{b:+.1f}' for b in again)} us."
     )
     text = "\n".join([header, "", *lines, "", summary])
     print(text)

@@ -27,6 +27,11 @@ cdef class Flow:
     cdef public long long drained
     cdef public long long written
 
+    def add_queued(self, long long n):
+        """Count ``n`` points the writer took from a followed source (``Run.follow``) as
+        queued: one C step, so no ``run.log`` increment on the other thread is lost."""
+        self.queued += n
+
 
 cdef class RunGate:
     """The fields ``run.log`` reads and writes on each call; ``Run`` sets them."""
@@ -68,32 +73,6 @@ cdef class RunGate:
                 self._refuse_call(data, step)
                 return
             self._queue(step, data, n, True)
-        except Exception:
-            self._refuse_call(data, step)
-
-    def log_numbers(self, data, step, rename, extra=None):
-        """``log`` of the numbers in a framework's mixed log dict (HF's ``logs``): int,
-        float and anything with ``.item()`` (tensors, NumPy scalars), under ``rename``'s
-        names; strings, bools and the rest are left out, uncounted. ``extra`` (a dict or
-        None) is added as it is. In C for the reason ``log`` is."""
-        cdef dict out = {}
-        cdef dict names
-        try:
-            names = rename
-            for key, value in (<dict?>data).items():
-                if type(value) is float or type(value) is int or hasattr(value, "item"):
-                    out[names.get(key, key)] = value
-            if extra:
-                out.update(extra)
-            if not out:
-                return
-            if step is None:
-                step = self._next_step
-            self._next_step = step + 1
-            if not self._accepting:
-                self._drops.add(self._closed_reason, len(out))
-                return
-            self._queue(step, out, len(out), False)
         except Exception:
             self._refuse_call(data, step)
 

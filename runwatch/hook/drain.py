@@ -51,6 +51,8 @@ class Drain:
 
     ``take(items)`` gets the queued items (never a marker) in order, on the thread; a true
     result means "a batch is full", and ``tick()`` (the write) runs before the next items.
+    ``pull()``, if given, returns more items at every wake-up; they are taken before the
+    queue (``Run.follow``: a framework's own log, read off the training thread).
     ``tick`` also runs at every wake-up, even when nothing was queued; ``flush`` (default ``tick``)
     at each :class:`Flush` marker; ``on_stop`` at the end. ``backlog()`` is what ``close``
     counts as lost on timeout.
@@ -67,6 +69,7 @@ class Drain:
         max_interval: float | None = None,
         first_tick: float | None = None,
         on_stop: Callable[[], None] | None = None,
+        pull: Callable[[], list[Any]] | None = None,
         drops: DropSink,
         backlog: Callable[[], int],
         unit: str = "points",
@@ -86,6 +89,7 @@ class Drain:
         self._calm = 0  # drains in a row without waiting for the GIL
         self._first = interval if first_tick is None else first_tick
         self._on_stop = on_stop
+        self._pull = pull
         self.drops = drops
         self._backlog = backlog
         self.unit = unit
@@ -199,7 +203,7 @@ class Drain:
                 event.wait(wait)
                 event.clear()  # before draining: a marker put before a set() is seen below
             started, cpu_started = clock(), cpu()
-            took = False
+            took = self._take_pulled()
             # What is queued now, in chunks, so one burst never makes a giant batch.
             n = len(items)
             while n:
@@ -245,6 +249,17 @@ class Drain:
                 self._run_tick(self._flush)
                 item.done.set()
         self._take_guarded(batch[start:] if start else batch)
+        return False
+
+    def _take_pulled(self) -> bool:
+        """Take what ``pull`` returns, before the queue: at every wake-up, so also before a
+        flush marker or the stop. True when it returned something."""
+        if self._pull is None:
+            return False
+        with self.errors:
+            items = self._pull()
+            self._take_guarded(items)
+            return bool(items)
         return False
 
     def _take_guarded(self, items: list[Any]) -> None:

@@ -362,6 +362,25 @@ class Run(RunGate):
         at = max(self._next_step - 1, 0) if step is None else int(step)
         self._put(Event(kind, at, _now(), str(message), rank, host, attrs))
 
+    def follow(self, source: Callable[[], list[tuple[int, float, dict[str, Any]]]]) -> None:
+        """Log what ``source()`` returns, read on the writer's thread at every drain, flush
+        and finish: ``(step, time, metrics)`` tuples, as ``log`` would have queued them.
+
+        For a framework that keeps its own log (the HF Trainer's ``log_history``): the
+        training thread then only marks new entries, and the reading, filtering and
+        timing happen off it. ``source`` must be safe to call from that thread and quick;
+        ``step`` follows the last step it returned."""
+        if not self._accepting or self._writer is None:
+            return
+
+        def pull() -> list[tuple[int, float, dict[str, Any]]]:
+            items = source()
+            if items and items[-1][0] >= self._next_step:
+                self._next_step = items[-1][0] + 1
+            return items
+
+        self._writer.follow(pull)
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Block until everything logged so far is written; True if it was in time."""
         if not self._accepting or self._writer is None:

@@ -159,6 +159,7 @@ class Writer:
         self._context_pending: dict[str, Any] | None = None  # to merge at the next step
         self._context_keys: set[str] = set()  # keys already checked
         self._buffered = 0
+        self._sources: list[Callable[[], list[Any]]] = []
         self._sink_guard = Guard("feeding live detection a batch", log)
         self.last_step: int | None = None
         # Drained and flushed every flush_interval s, when a batch is full, on run.flush()
@@ -173,11 +174,25 @@ class Writer:
             max_interval=MAX_DRAIN_INTERVAL_S,
             first_tick=flush_interval * (0.5 + random.random()),
             on_stop=self._last_flush,
+            pull=self._pull,
             drops=drops,
             backlog=self._unwritten,
             unit="points",
             logger=log,
         )
+
+    def follow(self, source: Callable[[], list[Any]]) -> None:
+        """Take ``source()``'s ``(step, time, metrics)`` items at every drain (``Run.follow``)."""
+        self._sources.append(source)
+
+    def _pull(self) -> list[Any]:
+        """The followed sources' new items, counted as queued (and so as pending to flush)."""
+        items: list[Any] = []
+        for source in self._sources:
+            items.extend(source())
+        if items:
+            self._flow.add_queued(sum(len(item[2]) for item in items))
+        return items
 
     def _unwritten(self) -> int:
         return self._flow.queued - self._flow.written

@@ -9,10 +9,12 @@ The run starts in ``on_train_begin``, when the Trainer knows the model and the n
 optimizer steps, so the config holds ``params``, ``total_steps`` and the planned LR
 ``schedule`` from the start (the store takes a run's config when the run begins). Metrics
 keep HF's names except ``learning_rate`` -> ``lr``; ``step_time_s`` and ``tokens_per_s``
-are measured here. Under DDP each rank's own time and all-reduce wait are logged too
-(``runwatch.torch``), turned on at the first forward. A crash leaving ``train()`` is never
-seen by a callback: the run stays open and runwatch's exit hook records the uncaught
-exception as a crash (bench/README-integrations-hf.md has the reasoning).
+are measured here. Per log the training thread only marks HF's new ``log_history`` entry
+with the time; the writer thread reads it (``Run.follow``). Under DDP each rank's own
+time and all-reduce wait are logged too (``runwatch.torch``), turned on at the first
+forward. A crash leaving ``train()`` is never seen by a callback: the run stays open and
+runwatch's exit hook records the uncaught exception as a crash
+(bench/README-integrations-hf.md has the reasoning).
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import logging
 import math
 import os
 import socket
+from collections import deque
 from collections.abc import Mapping
 from functools import partial
-from time import perf_counter
+from time import time
 from typing import Any
 
 from transformers import TrainerCallback
@@ -107,15 +110,7 @@ class RunwatchCallback(TrainerCallback):
         self._config: dict[str, Any] = dict(options.pop("config", None) or {})
         self._options = options
         self.run: Run | None = None
-        self._reset_timing()
-
-    def _reset_timing(self) -> None:
-        self._mark: float | None = None  # start of the timed stretch of the current window
-        self._last_end = 0.0  # when the last optimizer step ended
-        self._spent = 0.0  # time of the window's earlier stretches (cut by eval/save)
-        self._steps = 0  # optimizer steps in the window
-        self._tokens_mark = 0
-        self._tokens_per_step: float | None = None
+        self._marks: deque[tuple[Any, ...]] | None = None  # to the writer (_LogHistoryReader)
 
     # -- start -----------------------------------------------------------------------------
     def _run_name(self, args: Any) -> str:
@@ -169,63 +164,89 @@ class RunwatchCallback(TrainerCallback):
         self.run = init(self._run_name(args), config=config, **options)
         if args.world_size > 1 and model is not None:
             _time_ranks_when_wrapped(model, self.run)
-        self._reset_timing()
-        self._tokens_mark = int(state.num_input_tokens_seen or 0)
-        self._tokens_per_step = config.get("tokens_per_step")
+        self._marks = deque()
+        self.run.follow(_LogHistoryReader(self._marks, config.get("tokens_per_step")))
+        # The first step's begin starts the first timing window; then HF's no-op again.
+        self.on_step_begin = self._restart_window
         log.debug("runwatch: run %r started from the HF Trainer", self.run.name)
 
-    # -- timing: the hot path, two perf_counter reads per optimizer step ------------------
-    def on_step_begin(self, args, state, control, **kwargs):
-        if self._mark is None:
-            self._mark = perf_counter()
+    # -- the hot path: one mark per log --------------------------------------------------------
+    def on_log(self, args, state, control, **kwargs):
+        marks = self._marks
+        if marks is not None:
+            history = state.log_history  # Trainer.log appended the entry just before
+            if history:
+                marks.append((history[-1], time()))
 
-    def on_step_end(self, args, state, control, **kwargs):
-        self._last_end = perf_counter()
-        self._steps += 1
+    def _restart_window(self, args, state, control, **kwargs):
+        # Evaluation, checkpoints and prediction are not training steps: the next timing
+        # window starts when they end (and the first one at the first step's begin), so an
+        # eval does not read as a slow step.
+        self.__dict__.pop("on_step_begin", None)
+        marks = self._marks
+        if marks is not None:
+            marks.append((None, time(), state.global_step, state.num_input_tokens_seen or 0))
 
-    def _pause(self, *args: Any, **kwargs: Any) -> None:
-        # Evaluation and checkpoints are not training steps: the window's clock stops here
-        # and restarts at the next step's begin, so an eval does not read as a slow step.
-        if self._mark is not None:
-            self._spent += self._last_end - self._mark
-            self._mark = None
-
-    on_evaluate = on_save = on_predict = _pause
-
-    # -- metrics -----------------------------------------------------------------------------
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        run = self.run
-        if run is None or not logs:
-            return
-        timing = self._window_timing(state) if self._steps and "loss" in logs else None
-        run.log_numbers(logs, state.global_step, _RENAME, timing)
-
-    def _window_timing(self, state: Any) -> dict[str, float] | None:
-        """``step_time_s`` and ``tokens_per_s`` over the optimizer steps since the last
-        training log, and a new window started."""
-        steps = self._steps
-        spent = self._spent
-        if self._mark is not None:
-            spent += self._last_end - self._mark
-            self._mark = self._last_end
-        self._spent = 0.0
-        self._steps = 0
-        if spent <= 0:
-            return None
-        timing = {"step_time_s": spent / steps}
-        seen = state.num_input_tokens_seen
-        if seen:
-            timing["tokens_per_s"] = (seen - self._tokens_mark) / spent
-            self._tokens_mark = seen
-        elif self._tokens_per_step:
-            timing["tokens_per_s"] = self._tokens_per_step * steps / spent
-        return timing
+    on_evaluate = on_save = on_predict = _restart_window
 
     # -- end ---------------------------------------------------------------------------------
     def on_train_end(self, args, state, control, **kwargs):
         run, self.run = self.run, None
+        self.__dict__.pop("on_step_begin", None)
         if run is not None:
-            run.finish()  # logs the last step's runwatch.torch wait first
+            run.finish()  # logs the last step's runwatch.torch wait first, reads the last log
+        self._marks = None
+
+
+class _LogHistoryReader:
+    """The HF log entries the callback marked, as ``Run.follow`` items, on the writer thread.
+
+    Each entry's numbers under runwatch's names (``_RENAME``; strings, bools and ``step``
+    left out). A training log (one with ``loss``) also gets ``step_time_s`` and
+    ``tokens_per_s`` over its window: from the previous training log, or from the last
+    restart mark (first step, end of an eval, a checkpoint or a prediction) if later.
+    """
+
+    def __init__(self, marks: deque[tuple[Any, ...]], tokens_per_step: float | None):
+        self._marks = marks
+        self._tokens_per_step = tokens_per_step
+        self._window: tuple[float, int, int] | None = None  # (time, step, tokens seen) at start
+
+    def __call__(self) -> list[tuple[int, float, dict[str, Any]]]:
+        items = []
+        marks = self._marks
+        while marks:
+            mark = marks.popleft()
+            if mark[0] is None:
+                self._window = mark[1:]
+                continue
+            entry, when = mark
+            step = entry.get("step")
+            numbers = {
+                _RENAME.get(key, key): value
+                for key, value in entry.items()
+                if key != "step" and (type(value) in _NUMBER or hasattr(value, "item"))
+            }
+            if "loss" in entry:
+                numbers.update(self._timing(when, step, entry.get("num_input_tokens_seen")))
+            if numbers and type(step) is int:
+                items.append((step, when, numbers))
+        return items
+
+    def _timing(self, when: float, step: int, seen: int | None) -> dict[str, float]:
+        window, self._window = self._window, (when, step, seen or 0)
+        if window is None:
+            return {}
+        began, first, seen_then = window
+        steps, spent = step - first, when - began
+        if steps <= 0 or spent <= 0:
+            return {}
+        timing = {"step_time_s": spent / steps}
+        if seen:
+            timing["tokens_per_s"] = (seen - seen_then) / spent
+        elif self._tokens_per_step:
+            timing["tokens_per_s"] = self._tokens_per_step * steps / spent
+        return timing
 
 
 def _time_ranks_when_wrapped(model: Any, run: Run) -> None:

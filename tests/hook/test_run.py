@@ -143,23 +143,6 @@ def test_a_refused_call_with_a_context_leaves_nothing_pending(db_path):
     assert stats["pending"] == 0 and stats["dropped"] == {"not_a_dict": 1}
 
 
-def test_log_numbers_keeps_the_numbers_of_a_mixed_dict_under_new_names(db_path):
-    logs = {"loss": 2.5, "learning_rate": 1e-3, "epoch": 1, "tag": "x", "flag": True,
-            "g": np.float32(0.5), "hist": [1, 2]}  # fmt: skip
-    with runwatch.init(name="r", store=db_path, monitor=False, cpu_wait=False) as run:
-        run.log_numbers(logs, 7, {"learning_rate": "lr"}, {"step_time_s": 0.01})
-        run.log_numbers({"tag": "only words"}, 8, {})  # nothing to log: no call at all
-        run.log_numbers("not a dict", 9, {})
-        run.flush()
-        stats = run.stats()
-        with runwatch.open_store(str(db_path), readonly=True) as store:
-            names = sorted(set(store.series("r")["metric"]))
-    assert names == ["epoch", "g", "loss", "lr", "step_time_s"]
-    assert _series(db_path, "r", "lr")["step"].tolist() == [7]
-    assert stats["logged"] == 5 and stats["dropped"] == {"not_a_dict": 1}
-    assert logs["learning_rate"] == 1e-3 and "lr" not in logs  # the caller's dict is untouched
-
-
 def test_a_lower_step_starts_a_new_attempt_and_the_latest_wins(db_path):
     with runwatch.init(name="r", store=db_path) as run:
         for step in range(10):

@@ -9,15 +9,22 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
+from collections import deque
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import runwatch  # noqa: E402
-from runwatch.integrations.hf import RunwatchCallback, hf_schedule  # noqa: E402
+from runwatch.integrations.hf import (  # noqa: E402
+    RunwatchCallback,
+    _LogHistoryReader,
+    hf_schedule,
+)
 
 SEQ = 16
 BATCH = 4
@@ -109,6 +116,42 @@ def test_trainer_run_is_stored_with_config_and_mapped_metrics(tmp_path, db_path)
         tokens = store.read_series("hf-tiny", "tokens_per_s")["value"]
         assert len(step_time) == STEPS and (step_time > 0).all()
         assert tokens.to_numpy() == pytest.approx(BATCH * SEQ / step_time.to_numpy())
+
+
+def test_an_eval_or_a_checkpoint_does_not_read_as_a_slow_step(tmp_path, db_path):
+    """The timing window restarts when an eval (1 s here) or a save ends; the steps before
+    it in the same window are left out rather than counted with the eval."""
+
+    class SlowEval(transformers.GPT2LMHeadModel):
+        def forward(self, input_ids=None, labels=None, **kwargs):
+            if not self.training:
+                time.sleep(0.5)  # two eval batches
+            return super().forward(input_ids=input_ids, labels=labels, **kwargs)
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=32)
+    callback = RunwatchCallback(name="eval", store=str(db_path))
+    trainer = _trainer(
+        tmp_path,
+        callback,
+        model=SlowEval(config),
+        logging_steps=4,
+        eval_strategy="steps",
+        eval_steps=6,
+        per_device_eval_batch_size=4,
+        save_strategy="steps",
+        save_steps=10,
+    )
+    started = time.perf_counter()
+    trainer.train()
+    elapsed = time.perf_counter() - started
+    with runwatch.open_store(str(db_path)) as store:
+        step_time = store.read_series("eval", "step_time_s")
+    # windows end at steps 4, 8, ..., 24; evals at 6, 12, 18, 24 restart them
+    assert step_time["step"].tolist() == [4, 8, 12, 16, 20, 24]
+    longest = float(step_time["value"].max())
+    assert longest < 0.15, f"an eval counted in a step: {longest:.3f} s"
+    assert elapsed > 4 * 1.0  # the evals did take their time
 
 
 def test_counted_tokens_give_tokens_per_s(tmp_path, db_path):
@@ -251,6 +294,25 @@ def test_a_caught_crash_is_closed_when_train_runs_again(tmp_path, db_path):
         assert store.runs().iloc[0]["status"] == "finished"
         assert len(store.attempts("retry")) == 2
         assert len(store.events("retry", kinds=["crash"])) == 1
+
+
+def test_log_history_entries_become_numbers_under_runwatch_names_with_their_window():
+    marks = deque()
+    read = _LogHistoryReader(marks, tokens_per_step=None)
+    entry = {"loss": 2.5, "learning_rate": 1e-3, "epoch": 1, "tag": "x", "flag": True,
+             "g": np.float32(0.5), "hist": [1, 2], "step": 7}  # fmt: skip
+    marks.append((None, 100.0, 3, 0))  # the window starts at step 3
+    marks.append((entry, 100.2))
+    marks.append(({"eval_loss": 3.0, "step": 7}, 100.5))  # not a training log: no timing
+    marks.append(({"tag": "only words", "step": 8}, 100.6))  # nothing to log
+    items = read()
+    assert [(step, when) for step, when, _ in items] == [(7, 100.2), (7, 100.5)]
+    numbers = items[0][2]
+    assert sorted(numbers) == ["epoch", "g", "loss", "lr", "step_time_s"]
+    assert numbers["step_time_s"] == pytest.approx(0.2 / 4)
+    assert items[1][2] == {"eval_loss": 3.0}
+    assert entry["learning_rate"] == 1e-3 and "lr" not in entry  # HF's entry is untouched
+    assert not marks and read() == []
 
 
 def test_schedules_runwatch_cannot_plan_are_left_out():
