@@ -145,7 +145,7 @@ class FamilyFit:
     """Relative error of a schedule transfer (leave-one-schedule-out, RMS)."""
     size_rel_per_efold: float
     """Relative error per e-fold of size extrapolation (leave-the-largest-out, RMS)."""
-    size_law: str = "loglog"
+    size_law: str = "prior"
     """How the loss scales over size (``runwatch.expect.size_scaling``)."""
     drift_rel: float = DRIFT_REL
     """Relative drift per e-fold of steps of a run's level against the family's curve
@@ -330,17 +330,19 @@ def _drift_errors(
 def _choose_size_law(
     groups: list[list[Member]], sizes: tuple[SizeLaw, ...]
 ) -> tuple[str, list[float]]:
-    """The size law whose leave-the-larger-out errors are smaller, and its errors per
-    e-fold: the line with fewer than four sizes (the floor law's first test needs three
-    smaller ones)."""
-    line = _size_errors(groups, sizes, "loglog", first=2)
-    if len(groups) < 4:
-        return "loglog", line
-    floor = _size_errors(groups, sizes, "floor", first=3)
-    common = line[-len(floor) :]
-    if _rms(floor) < _rms(common):
-        return "floor", floor
-    return "loglog", line
+    """The size law whose leave-the-larger-out errors are smallest, and its errors per
+    e-fold. Two sizes cannot tell laws apart: the floor law with the prior exponent, as the
+    loss of a larger model flattens. The fitted floor needs four (its first test, three
+    smaller sizes)."""
+    prior = _size_errors(groups, sizes, "prior", first=2)
+    if len(groups) < 3:
+        return "prior", prior
+    errors = {"prior": prior, "loglog": _size_errors(groups, sizes, "loglog", first=2)}
+    if len(groups) >= 4:
+        errors["floor"] = _size_errors(groups, sizes, "floor", first=3)
+    common = min(len(e) for e in errors.values())
+    best = min(errors, key=lambda law: _rms(errors[law][-common:]))
+    return best, errors[best]
 
 
 def _size_errors(

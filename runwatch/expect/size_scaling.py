@@ -10,6 +10,9 @@ Two laws per step, in the parameter count N:
   lowest loss, fitted by least squares at each step (a grid over a; E and A are linear).
   It needs three sizes, and four to be told apart from the line by the family's own
   leave-one-out errors (``runwatch.expect.family`` chooses).
+- ``"prior"``: the same form with a fixed at ``PRIOR_EXPONENT``, Chinchilla's published
+  exponent for parameters: with two or three sizes a floor cannot be measured, but the
+  loss does flatten towards one, which the line cannot show.
 
 Both are evaluated on at most ``GRID_POINTS`` log-spaced steps and carried to every step as
 a ratio to the largest size's curve, which keeps the cost flat in the run's length.
@@ -25,10 +28,13 @@ from __future__ import annotations
 
 import numpy as np
 
-LAWS = ("loglog", "floor")
+LAWS = ("loglog", "floor", "prior")
 GRID_POINTS = 512
 EXPONENTS = np.geomspace(0.02, 2.0, 48)
 """The exponents a the floor law's grid tries."""
+PRIOR_EXPONENT = 0.34
+"""The prior law's a: Hoffmann et al. 2022 (Chinchilla), the fit of L(N, D) over 400+
+runs, alpha = 0.34. Not fitted to any family here (bench/README-forecast-family.md)."""
 
 
 def scale_to(curves: np.ndarray, params: np.ndarray, target: float, law: str) -> np.ndarray:
@@ -43,7 +49,11 @@ def scale_to(curves: np.ndarray, params: np.ndarray, target: float, law: str) ->
     n_steps = curves.shape[1]
     grid = _grid(n_steps)
     sub = np.maximum(curves[:, grid], 1e-12)
-    out = _loglog(sub, params, target) if law == "loglog" else _floor(sub, params, target)
+    if law == "loglog":
+        out = _loglog(sub, params, target)
+    else:
+        grid_a = EXPONENTS if law == "floor" else np.array([PRIOR_EXPONENT])
+        out = _floor(sub, params, target, grid_a)
     # Carried to every step as a ratio to the largest size's curve (smooth in the step).
     ratio = np.log(np.maximum(out, 1e-12)) - np.log(sub[-1])
     full = np.interp(np.arange(n_steps), grid, ratio)
@@ -65,11 +75,11 @@ def _loglog(y: np.ndarray, params: np.ndarray, target: float) -> np.ndarray:
     return np.exp(ly.mean(axis=0) + slope * (np.log(target) - x.mean()))
 
 
-def _floor(y: np.ndarray, params: np.ndarray, target: float) -> np.ndarray:
-    """E + A·N^-a at each step (columns of ``y``), best over the exponent grid."""
+def _floor(y: np.ndarray, params: np.ndarray, target: float, grid_a: np.ndarray) -> np.ndarray:
+    """E + A·N^-a at each step (columns of ``y``), best over the exponents ``grid_a``."""
     scale = params.min()
-    z = np.power((params / scale)[None, :], -EXPONENTS[:, None])  # grid x sizes
-    zt = np.power(target / scale, -EXPONENTS)  # grid
+    z = np.power((params / scale)[None, :], -grid_a[:, None])  # grid x sizes
+    zt = np.power(target / scale, -grid_a)  # grid
     zm = z.mean(axis=1, keepdims=True)
     dz = z - zm
     ym = y.mean(axis=0)  # steps

@@ -62,7 +62,9 @@ def test_a_larger_size_is_extrapolated_and_its_band_widens_with_distance():
 
 
 def test_the_targets_own_points_move_the_forecast_to_its_level():
-    fit = fit_family([member("a", 1e5, COSINE, 2000), member("b", 1e6, COSINE, 2000, 1)])
+    # Three sizes, so that the family's size law is the one its runs follow, and the
+    # prior forecast is off by the target's own level only.
+    fit = fit_family([member(f"n{p:g}", p, COSINE, 2000, i) for i, p in enumerate((1e5, 3e5, 1e6))])
     steps, share = planned_lr(COSINE, 2000)
     prior = family_forecast(fit, 3e6, steps, share, 2000)
     # The target is 3% worse than its size predicts (a worse data mix, say).
@@ -109,6 +111,24 @@ def test_a_loss_nearing_its_floor_over_size_is_scaled_by_the_floor_law():
     want = float(np.median(floored("t", 6.4e6, 99).values[-5:]))
     line = FamilyFit(fit.sizes, 0.0, 0.0, "loglog").expected(6.4e6, steps, share, 2000)[-1]
     assert abs(f.predicted / want - 1) < abs(line / want - 1)
+    assert f.lower <= want <= f.upper
+
+
+def test_two_sizes_flatten_towards_a_floor_by_the_prior_exponent():
+    # Final losses of a Chinchilla-form family, E + A·N^-0.34: from two sizes the line is
+    # optimistic for a size 4x larger, the floor law with the prior exponent is not.
+    def chinchilla(name, params, seed):
+        steps, loss, share = law_curve(1e6, COSINE, 2000, seed)
+        size_term = 1.7 + 400.0 * params**-0.34
+        return Member(name, params, steps[1:], (loss * size_term / 2.0)[1:], steps, share)
+
+    fit = fit_family([chinchilla("25m", 25e6, 0), chinchilla("100m", 100e6, 1)])
+    assert fit.size_law == "prior"
+    steps, share = planned_lr(COSINE, 2000)
+    f = family_forecast(fit, 400e6, steps, share, 2000)
+    want = float(np.median(chinchilla("t", 400e6, 99).values[-5:]))
+    line = FamilyFit(fit.sizes, 0.0, 0.0, "loglog").expected(400e6, steps, share, 2000)[-1]
+    assert abs(f.predicted / want - 1) < 0.005 < abs(line / want - 1)
     assert f.lower <= want <= f.upper
 
 
