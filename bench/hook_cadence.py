@@ -16,7 +16,10 @@ per put) competes with the next step for the GIL. Measured here, each in a fresh
   added = (block - block without logging) / steps, median over block pairs. A 0.15 s idle
   gap after each block (untimed) lets the writer finish, so a block's leftover is not
   charged to the next one; the leftover (at most one tick's work) is not charged at all, a
-  small underestimate for both versions;
+  small underestimate for both versions. Beside it, the CPU time runwatch's own threads
+  (writer, live detection, samplers) spend per logged step over the same blocks and gaps:
+  an upper bound of the GIL they can take from the loop, and far steadier than the wall
+  time on a shared machine (their I/O and compression run without the GIL);
 - anchors: the hook before this change (a git worktree of the previous commit, ``--before``),
   wandb offline ``log`` and tensorboardX's 4 ``add_scalar``, after 10 ms busy, each with its
   own interleaved bare put.
@@ -91,6 +94,16 @@ def schedstat(tid: int | None = None) -> tuple[float, float]:
     with open(f"/proc/self/task/{tid}/schedstat") as f:
         on_cpu, waiting, _ = f.read().split()
     return int(on_cpu) / 1e9, int(waiting) / 1e9
+
+
+def background_cpu() -> float:
+    """Seconds on a CPU so far of runwatch's own threads in this process (the writer,
+    live detection, samplers): an upper bound of the GIL they can take from the loop."""
+    return sum(
+        schedstat(t.native_id)[0]
+        for t in threading.enumerate()
+        if t.name.startswith("runwatch") and t.native_id is not None
+    )
 
 
 def calibrate_work(target_s: float = 0.001) -> int:
@@ -189,13 +202,16 @@ def child_runwatch(src: str, steps: dict[str, int], blocks: int, block_steps: in
     kinds = ("run.log", "bare put")
     added: dict[str, list[float]] = {k: [] for k in kinds}
     held: dict[str, list[float]] = {k: [] for k in kinds}
+    behind: dict[str, list[float]] = {k: [] for k in kinds}
     for b in range(blocks):
         walls: dict[str, float] = {}
         off: dict[str, float] = {}
+        background: dict[str, float] = {}
         order = ("none", "run.log", "bare put") if b % 2 == 0 else ("bare put", "run.log", "none")
         for kind in order:
             call = contenders.get(kind)
             cpu0, queued0 = schedstat()
+            bg0 = background_cpu()
             t = time.perf_counter()
             for i in range(block_steps):
                 work(n_work)
@@ -209,17 +225,22 @@ def child_runwatch(src: str, steps: dict[str, int], blocks: int, block_steps: in
             # I/O blocks only on the GIL. Unlike the wall time, this does not move with
             # what other processes do to the loop's CPU time on a shared machine.
             off[kind] = walls[kind] - (cpu1 - cpu0) - (queued1 - queued0)
-            time.sleep(0.15)
+            time.sleep(0.15)  # the block's points are written and judged in this pause too
+            background[kind] = background_cpu() - bg0
             while not bare.empty():
                 bare.get_nowait()
         for kind in kinds:
             added[kind].append((walls[kind] - walls["none"]) / block_steps * 1e6)
             held[kind].append((off[kind] - off["none"]) / block_steps * 1e6)
+            behind[kind].append((background[kind] - background["none"]) / block_steps * 1e6)
     out["wall added"] = {
         kind: {"median": statistics.median(v), "blocks": v} for kind, v in added.items()
     }
     out["gil wait added"] = {
         kind: {"median": statistics.median(v), "blocks": v} for kind, v in held.items()
+    }
+    out["background cpu added"] = {
+        kind: {"median": statistics.median(v), "blocks": v} for kind, v in behind.items()
     }
     writer = [t for t in threading.enumerate() if t.name == "runwatch-writer"]
     if writer:
@@ -340,11 +361,14 @@ def report(results: dict[str, list[dict]], anchors: dict[str, list[dict]], args:
     for key, title in (
         ("wall added", "wall time added per logged step, GIL-holding loop"),
         ("gil wait added", "time the loop waited for the GIL, added per logged step"),
+        ("background cpu added", "CPU of runwatch's threads added per logged step (GIL bound)"),
     ):
         lines += ["", f"| {title} | version | median over blocks µs | blocks (each repeat) |"]
         lines.append("|---|---|---|---|")
         for version, runs in results.items():
             for name in ("run.log", "bare put"):
+                if any(key not in r for r in runs):
+                    continue  # a result file from before this measure
                 meds = [r[key][name]["median"] for r in runs]
                 every = "; ".join(
                     " ".join(f"{x:.1f}" for x in r[key][name]["blocks"]) for r in runs
