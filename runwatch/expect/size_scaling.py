@@ -1,7 +1,7 @@
 """Scaling a loss curve over model size, step by step: what a run of another size is
 expected to reach, from the curves of the sizes a family has.
 
-Two laws per step, in the parameter count N:
+Three laws per step, in the parameter count N:
 
 - ``"loglog"``: log L a straight line in log N (Kaplan's form, L ∝ N^-a), least squares
   over every size. Two sizes are enough; it cannot bend, so far beyond the family it is
@@ -14,7 +14,7 @@ Two laws per step, in the parameter count N:
   exponent for parameters: with two or three sizes a floor cannot be measured, but the
   loss does flatten towards one, which the line cannot show.
 
-Both are evaluated on at most ``GRID_POINTS`` log-spaced steps and carried to every step as
+Each is evaluated on at most ``GRID_POINTS`` log-spaced steps and carried to every step as
 a ratio to the largest size's curve, which keeps the cost flat in the run's length.
 
 >>> import numpy as np
