@@ -256,11 +256,11 @@ class Drain:
         flush marker or the stop. True when it returned something."""
         if self._pull is None:
             return False
+        items: list[Any] = []
         with self.errors:
             items = self._pull()
-            self._take_guarded(items)
-            return bool(items)
-        return False
+        self._take_guarded(items)
+        return bool(items)
 
     def _take_guarded(self, items: list[Any]) -> None:
         if not items:

@@ -41,7 +41,8 @@ _RENAME = {"learning_rate": "lr"}
 (``loss``, ``grad_norm``, ``epoch``, ``eval_loss``, ``train_runtime``, ...)."""
 
 _NUMBER = (int, float)
-"""What ``_plain`` keeps as a number in the stored config."""
+"""Numbers, bools aside: in the stored config (``_plain``) and in the logged entries
+(``_LogHistoryReader``, which also takes anything with ``.item()``)."""
 
 
 def _plain(value: Any) -> Any:
@@ -222,6 +223,8 @@ class _LogHistoryReader:
                 continue
             entry, when = mark
             step = entry.get("step")
+            if type(step) is not int:
+                continue
             numbers = {
                 _RENAME.get(key, key): value
                 for key, value in entry.items()
@@ -229,7 +232,7 @@ class _LogHistoryReader:
             }
             if "loss" in entry:
                 numbers.update(self._timing(when, step, entry.get("num_input_tokens_seen")))
-            if numbers and type(step) is int:
+            if numbers:
                 items.append((step, when, numbers))
         return items
 
