@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
+from hook_cadence import schedstat  # bench/: the scheduler's statistics of one thread
 
 import runwatch
 from runwatch.integrations.hf import RunwatchCallback
@@ -113,7 +114,7 @@ def measure_setups(steps: int, work: float, tmp: Path, tag: str) -> dict[str, np
     grad = np.exp(rng.normal(0, 0.2, steps))
     out = {s: np.empty(steps) for s in SETUPS}
     writer = writer_thread_id(trainers["+ RunwatchCallback"][0])
-    writer_cpu = writer_cpu_s(writer)
+    writer_cpu = schedstat(writer)[0]
     clock = time.perf_counter_ns
     with open(os.devnull, "w") as sink:  # HF prints each log (ProgressCallback): keep it
         for i in range(steps):
@@ -130,7 +131,7 @@ def measure_setups(steps: int, work: float, tmp: Path, tag: str) -> dict[str, np
                     trainer.control = handler.on_step_end(args, state, trainer.control)
                     trainer.log(logs)
                     out[setup][i] = clock() - t0
-    writer_cpu = writer_cpu_s(writer) - writer_cpu
+    writer_cpu = schedstat(writer)[0] - writer_cpu
     for trainer, args in trainers.values():
         trainer.control = trainer.callback_handler.on_train_end(
             args, trainer.state, trainer.control
@@ -146,12 +147,6 @@ def writer_thread_id(trainer: transformers.Trainer) -> int:
         c for c in trainer.callback_handler.callbacks if isinstance(c, RunwatchCallback)
     )
     return callback.run._writer.worker._thread.native_id
-
-
-def writer_cpu_s(tid: int) -> float:
-    """A thread's seconds on a CPU so far (Linux scheduler statistics)."""
-    with open(f"/proc/self/task/{tid}/schedstat") as f:
-        return int(f.read().split()[0]) / 1e9
 
 
 def measure_raw(setup: str, steps: int, work: float, tmp: Path, tag: str) -> np.ndarray:
