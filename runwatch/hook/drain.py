@@ -51,8 +51,8 @@ class Drain:
 
     ``take(items)`` gets the queued items (never a marker) in order, on the thread; a true
     result means "a batch is full", and ``tick()`` (the write) runs before the next items.
-    ``pull()``, if given, returns more items at every wake-up; they are taken before the
-    queue (``Run.follow``: a framework's own log, read off the training thread).
+    ``pull`` (None until set: ``Run.follow``, a framework's own log read off the training
+    thread), when set, returns more items at every wake-up, taken before the queue.
     ``tick`` also runs at every wake-up, even when nothing was queued; ``flush`` (default ``tick``)
     at each :class:`Flush` marker; ``on_stop`` at the end. ``backlog()`` is what ``close``
     counts as lost on timeout.
@@ -69,7 +69,6 @@ class Drain:
         max_interval: float | None = None,
         first_tick: float | None = None,
         on_stop: Callable[[], None] | None = None,
-        pull: Callable[[], list[Any]] | None = None,
         drops: DropSink,
         backlog: Callable[[], int],
         unit: str = "points",
@@ -89,7 +88,7 @@ class Drain:
         self._calm = 0  # drains in a row without waiting for the GIL
         self._first = interval if first_tick is None else first_tick
         self._on_stop = on_stop
-        self._pull = pull
+        self.pull: Callable[[], list[Any]] | None = None
         self.drops = drops
         self._backlog = backlog
         self.unit = unit
@@ -254,11 +253,11 @@ class Drain:
     def _take_pulled(self) -> bool:
         """Take what ``pull`` returns, before the queue: at every wake-up, so also before a
         flush marker or the stop. True when it returned something."""
-        if self._pull is None:
+        if self.pull is None:
             return False
         items: list[Any] = []
         with self.errors:
-            items = self._pull()
+            items = self.pull()
         self._take_guarded(items)
         return bool(items)
 

@@ -174,7 +174,6 @@ class Writer:
             max_interval=MAX_DRAIN_INTERVAL_S,
             first_tick=flush_interval * (0.5 + random.random()),
             on_stop=self._last_flush,
-            pull=self._pull,
             drops=drops,
             backlog=self._unwritten,
             unit="points",
@@ -182,8 +181,10 @@ class Writer:
         )
 
     def follow(self, source: Callable[[], list[Any]]) -> None:
-        """Take ``source()``'s ``(step, time, metrics)`` items at every drain (``Run.follow``)."""
+        """Take ``source()``'s ``(step, time, metrics)`` items at every drain (``Run.follow``);
+        a run that follows nothing pays nothing for it."""
         self._sources.append(source)
+        self.worker.pull = self._pull
 
     def _pull(self) -> list[Any]:
         """The followed sources' new items, counted as queued (and so as pending to flush)."""
