@@ -4,10 +4,11 @@
 
 On the real runs in ``shared/data/real_runs`` (the training loss, else the validation
 loss; as ``bench/detection.py`` picks) and the real CPU runs in ``bench/data/cpu_families``
-(their held-out loss, with cosine, WSD and constant LRs), each forecast made as
-``runwatch forecast --upto`` makes it: on the points up to that step, the LR logged up to
-it, to the run's last step. ``--before DIR`` also runs the same code from a checkout of an
-earlier commit (a ``git worktree``, built in place) in a subprocess: the anchor.
+and ``bench/data/cpu_code_families`` (their held-out loss, with cosine, WSD and constant
+LRs), each forecast made as ``runwatch forecast --upto`` makes it: on the points up to
+that step, the LR logged up to it, to the run's last step. ``--before DIR`` also runs the
+same code from a checkout of an earlier commit (a ``git worktree``, built in place) in a
+subprocess: the anchor.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ import pandas as pd
 
 HERE = Path(__file__).resolve().parents[1]
 REAL = HERE.parent / "shared" / "data" / "real_runs"
-CPU = HERE / "bench" / "data" / "cpu_families"
+CPU_SETS = {  # set label: folder of real CPU runs (the run names start with the label)
+    "cpu": HERE / "bench" / "data" / "cpu_families",
+    "code": HERE / "bench" / "data" / "cpu_code_families",
+}
 FRACTIONS = (0.10, 0.25, 0.50, 0.75)
 
 
@@ -38,12 +42,12 @@ def load_runs() -> dict[str, tuple[pd.DataFrame, str]]:
         metric = next((m for m in ("train_loss", "val_loss") if m in metrics), None)
         if metric is not None:
             runs[path.stem] = (frame, metric)
-    if (CPU / "runs.json").exists():
-        for name in json.loads((CPU / "runs.json").read_text()):
-            if name.rsplit("_", 1)[-1] in ("2000", "4000") and "_w" in name:
-                frame = pd.read_csv(next(CPU.glob(f"{name}.csv*")))
-                if any(k in name for k in ("constant_4000", "cosine_4000", "wsd_3200_4000")):
-                    runs[name] = (frame, "val_loss")
+    for folder in CPU_SETS.values():
+        if not (folder / "runs.json").exists():
+            continue
+        for name in json.loads((folder / "runs.json").read_text()):
+            if any(k in name for k in ("constant_4000", "cosine_4000", "wsd_3200_4000")):
+                runs[name] = (pd.read_csv(next(folder.glob(f"{name}.csv*"))), "val_loss")
     return runs
 
 
@@ -70,7 +74,7 @@ def measure(root: Path) -> list[dict]:
             rows.append(
                 {
                     "run": run,
-                    "set": "cpu" if run.startswith("cpu_") else "real",
+                    "set": next((k for k in CPU_SETS if run.startswith(f"{k}_")), "real"),
                     "frac": frac,
                     "model": f.model,
                     "err": (f.predicted - final) / final * 100,

@@ -10,9 +10,10 @@ family's final losses over size (a log-log line; a Chinchilla-form E + A·N^-a w
 more sizes), the next size down's late-to-25% loss ratio, ``--reference`` with the next size
 down (or the same size's short cosine), and the run alone (``forecast`` on its own points).
 
-Data: ``shared/data/real_families`` (27 real runs, 3 sizes x 9 schedules) and
-``bench/data/cpu_families`` (real CPU runs made by ``bench/data/make_families.py``). The
-single-run band coverage is measured on ``shared/data/real_runs`` and the CPU runs.
+Data: ``shared/data/real_families`` (27 real runs, 3 sizes x 9 schedules),
+``bench/data/cpu_families`` and ``bench/data/cpu_code_families`` (real CPU runs on two tasks,
+made by ``bench/data/make_families.py``). The single-run band coverage is measured on
+``shared/data/real_runs`` and the CPU runs.
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ from runwatch.pipeline.analysis import forecast_run  # noqa: E402
 from runwatch.store import open_store  # noqa: E402
 
 REAL = ROOT.parent / "shared" / "data" / "real_families"
-CPU = ROOT / "bench" / "data" / "cpu_families"
+CPU_SETS = {  # label: folder of real CPU runs, one task each
+    "cpu": ROOT / "bench" / "data" / "cpu_families",
+    "code": ROOT / "bench" / "data" / "cpu_code_families",
+}
 REAL_SCHEDULES = (
     "cosine_24000",
     "constant_24000",
@@ -221,10 +225,10 @@ def real_families(bench: Bench, quick: bool) -> list[dict]:
     return rows
 
 
-def cpu_families(bench: Bench) -> list[dict]:
-    meta = json.loads((CPU / "runs.json").read_text())
+def cpu_families(bench: Bench, label: str, folder: Path) -> list[dict]:
+    meta = json.loads((folder / "runs.json").read_text())
     for name, config in meta.items():
-        bench.add(next(CPU.glob(f"{name}.csv*")), name, config)
+        bench.add(next(folder.glob(f"{name}.csv*")), name, config)
     width_runs = {n: c for n, c in meta.items() if "_cosine_2000" in n}
     largest = max(c["params"] for c in width_runs.values())
     family = sorted(
@@ -242,7 +246,7 @@ def cpu_families(bench: Bench) -> list[dict]:
                     "reference": bench.reference(run, "val_loss", seed0[-1]),
                     "alone": bench.alone(run, "val_loss"),
                 }
-            rows.append(bench.case("cpu size", run, "val_loss", family, frac, anchors))
+            rows.append(bench.case(f"{label} size", run, "val_loss", family, frac, anchors))
     constant = [n for n in meta if n.endswith("constant_4000")]
     if not constant:
         return rows
@@ -258,7 +262,7 @@ def cpu_families(bench: Bench) -> list[dict]:
                     "reference": bench.reference(target, "val_loss", family[1]),
                     "alone": bench.alone(target, "val_loss"),
                 }
-            rows.append(bench.case("cpu transfer", target, "val_loss", family, frac, anchors))
+            rows.append(bench.case(f"{label} transfer", target, "val_loss", family, frac, anchors))
     return rows
 
 
@@ -286,8 +290,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         bench = Bench(Path(tmp) / "families.db")
         rows = real_families(bench, args.quick)
-        if (CPU / "runs.json").exists():
-            rows += cpu_families(bench)
+        for label, folder in CPU_SETS.items():
+            if (folder / "runs.json").exists():
+                rows += cpu_families(bench, label, folder)
         bench.store.close()
     frame = pd.DataFrame(rows)
     pd.set_option("display.width", 200)

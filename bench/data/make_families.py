@@ -1,16 +1,22 @@
-"""Real CPU training families for the forecast benchmarks: tiny Transformers, one task.
+"""Real CPU training families for the forecast benchmarks: tiny Transformers, two tasks.
 
 A width family (same data, same cosine schedule, widths spanning ~30k to ~1M parameters) and,
-at one mid width, the same model under other schedules (constant, a longer cosine, WSD). The
-task is capacity-limited on purpose, so the final held-out loss falls with width all the way
-up: a seeded mixture of sparse order-1, order-2 and order-3 Markov chains over 64 tokens (the
-larger tables need more parameters to hold). Each run is written as a gzipped long-format CSV
-(run, step, metric, value) and its config goes to ``runs.json``, as runwatch reads configs.
+at one mid width, the same model under other schedules (constant, a longer cosine, WSD).
+Two tasks, each in its own folder:
 
-    python bench/data/make_families.py                    # everything, into cpu_families/
+- ``markov`` (``cpu_families/``): a seeded mixture of sparse order-1, order-2 and order-3
+  Markov chains over 64 tokens, capacity-limited on purpose (the larger tables need more
+  parameters to hold);
+- ``code`` (``cpu_code_families/``): the bytes of the Python standard library's own source
+  files on this machine, real text with no designed structure.
+
+Each run is written as a gzipped long-format CSV (run, step, metric, value) and its config
+goes to ``runs.json``, as runwatch reads configs.
+
+    python bench/data/make_families.py [--task code]      # everything, into the task's folder
     python bench/data/make_families.py --probe 600        # smallest vs largest width, briefly
 
-How the data were made and how long it took: bench/data/cpu_families/SOURCES.md.
+How the data were made and how long it took: each folder's SOURCES.md.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import gzip
 import json
 import logging
 import math
+import sysconfig
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +46,24 @@ MID_WIDTH = 64
 PEAK_LR, WARMUP, FINAL_FRACTION = 2e-3, 100, 0.1
 VAL_EVERY = 50
 OUT = Path(__file__).resolve().parent / "cpu_families"
+CODE_OUT = Path(__file__).resolve().parent / "cpu_code_families"
+CODE_VOCAB, CODE_CONTEXT, CODE_BATCH = 128, 32, 32  # bytes; non-ASCII bytes share token 127
+CODE_ROW = 4096  # the byte stream is cut into rows of this length, as the Markov chains are
+CODE_HELDOUT_EVERY = 16  # every 16th file (sorted by path) is held out
+
+
+@dataclass(frozen=True)
+class Task:
+    """What a family trains on: the token rows, the held-out batches, the shapes."""
+
+    name: str
+    prefix: str  # the runs' names start with it
+    vocab: int
+    context: int
+    batch: int
+    train: np.ndarray  # (rows, length) int64 tokens
+    val_batches: list
+    out: Path
 
 
 def make_tables(seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -124,14 +150,14 @@ def schedule_for(name: str, total_steps: int) -> dict:
     return sched | {"peak_lr": PEAK_LR}
 
 
-def run_name(width: int, schedule: dict, total_steps: int, seed: int) -> str:
+def run_name(width: int, schedule: dict, total_steps: int, seed: int, prefix="cpu") -> str:
     kind = schedule["name"]
     if kind == "wsd":
         kind = f"wsd_{schedule['decay_start']}"
-    return f"cpu_w{width}_{kind}_{total_steps}" + (f"_seed{seed}" if seed else "")
+    return f"{prefix}_w{width}_{kind}_{total_steps}" + (f"_seed{seed}" if seed else "")
 
 
-def build_model(width: int, seed: int):
+def build_model(width: int, seed: int, vocab: int = VOCAB, context: int = CONTEXT):
     """A 2-layer pre-norm causal Transformer, 4 heads, feed-forward 4x the width."""
     import torch
     from torch import nn
@@ -139,8 +165,8 @@ def build_model(width: int, seed: int):
     class TinyLM(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.embed = nn.Embedding(VOCAB, width)
-            self.pos = nn.Parameter(torch.zeros(CONTEXT, width))
+            self.embed = nn.Embedding(vocab, width)
+            self.pos = nn.Parameter(torch.zeros(context, width))
             layer = nn.TransformerEncoderLayer(
                 width,
                 nhead=4,
@@ -151,8 +177,8 @@ def build_model(width: int, seed: int):
             )
             self.body = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
             self.norm = nn.LayerNorm(width)
-            self.head = nn.Linear(width, VOCAB)
-            mask = nn.Transformer.generate_square_subsequent_mask(CONTEXT)
+            self.head = nn.Linear(width, vocab)
+            mask = nn.Transformer.generate_square_subsequent_mask(context)
             self.register_buffer("mask", mask)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -163,21 +189,21 @@ def build_model(width: int, seed: int):
     return TinyLM()
 
 
-def batch_at(chains, chain_idx, offsets):
+def batch_at(chains, chain_idx, offsets, context: int = CONTEXT):
     """Inputs and next-token targets for the windows starting at ``offsets``."""
     import torch
 
-    cols = offsets[:, None] + np.arange(CONTEXT + 1)
+    cols = offsets[:, None] + np.arange(context + 1)
     windows = torch.from_numpy(chains[chain_idx[:, None], cols])
     return windows[:, :-1], windows[:, 1:]
 
 
-def train_run(width, schedule, total_steps, seed, train, val_batches) -> tuple[list, dict]:
+def train_run(width, schedule, total_steps, seed, task: Task) -> tuple[list, dict]:
     """Train one run; (rows of (step, metric, value), its runs.json config)."""
     import torch
     from torch import nn
 
-    model = build_model(width, seed)
+    model = build_model(width, seed, task.vocab, task.context)
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=PEAK_LR, weight_decay=0.0)
     rng = np.random.default_rng(1000 + seed)  # the batch order: the same for every width
@@ -187,8 +213,8 @@ def train_run(width, schedule, total_steps, seed, train, val_batches) -> tuple[l
         model.eval()
         with torch.no_grad():
             losses = [
-                nn.functional.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1)).item()
-                for x, y in val_batches
+                nn.functional.cross_entropy(model(x).reshape(-1, task.vocab), y.reshape(-1)).item()
+                for x, y in task.val_batches
             ]
         model.train()
         return float(np.mean(losses))
@@ -197,10 +223,10 @@ def train_run(width, schedule, total_steps, seed, train, val_batches) -> tuple[l
         lr = PEAK_LR * lr_share(schedule, total_steps, step)
         for group in opt.param_groups:
             group["lr"] = lr
-        chain_idx = rng.integers(0, train.shape[0], BATCH)
-        offsets = rng.integers(0, train.shape[1] - CONTEXT - 1, BATCH)
-        x, y = batch_at(train, chain_idx, offsets)
-        loss = nn.functional.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
+        chain_idx = rng.integers(0, task.train.shape[0], task.batch)
+        offsets = rng.integers(0, task.train.shape[1] - task.context - 1, task.batch)
+        x, y = batch_at(task.train, chain_idx, offsets, task.context)
+        loss = nn.functional.cross_entropy(model(x).reshape(-1, task.vocab), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -212,7 +238,7 @@ def train_run(width, schedule, total_steps, seed, train, val_batches) -> tuple[l
     config = {
         "params": params,
         "total_steps": total_steps,
-        "tokens_per_step": BATCH * CONTEXT,
+        "tokens_per_step": task.batch * task.context,
         "schedule": schedule,
         "width": width,
         "seed": seed,
@@ -226,6 +252,55 @@ def write_csv(path: Path, name: str, rows: list) -> None:
         f.writelines(f"{name},{step},{metric},{value!r}\n" for step, metric, value in rows)
 
 
+def heldout_batches(heldout: np.ndarray, context: int) -> list:
+    """A fixed set of held-out batches (seed 3): every run is judged on the same tokens."""
+    vrng = np.random.default_rng(3)
+    return [
+        batch_at(
+            heldout,
+            vrng.integers(0, heldout.shape[0], VAL_BATCH),
+            vrng.integers(0, heldout.shape[1] - context - 1, VAL_BATCH),
+            context,
+        )
+        for _ in range(VAL_BATCHES)
+    ]
+
+
+def markov_task() -> Task:
+    """The Markov-mixture task; logs its held-out loss floor."""
+    train = make_chains(N_TRAIN_CHAINS, CHAIN_LEN, seed=1)
+    heldout = make_chains(N_HELDOUT_CHAINS, CHAIN_LEN, seed=2)
+    log.info("held-out loss floor %.4f nats", true_cross_entropy(heldout))
+    val = heldout_batches(heldout, CONTEXT)
+    return Task("markov", "cpu", VOCAB, CONTEXT, BATCH, train, val, OUT)
+
+
+def stdlib_sources(root: Path | None = None) -> list[Path]:
+    """The standard library's ``.py`` files, sorted by path, without tests and packages."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    skip = {"test", "tests", "site-packages", "dist-packages", "idle_test"}
+    return sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts[:-1]))
+
+
+def code_rows(files: list[Path]) -> np.ndarray:
+    """The files' bytes, one NUL between files, as tokens in rows of CODE_ROW (the tail that
+    does not fill a row is dropped). Bytes above 126 become token 127."""
+    stream = np.frombuffer(b"\0".join(p.read_bytes() for p in files), dtype=np.uint8)
+    tokens = np.minimum(stream, CODE_VOCAB - 1).astype(np.int64)
+    n = tokens.size // CODE_ROW
+    return tokens[: n * CODE_ROW].reshape(n, CODE_ROW)
+
+
+def code_task(root: Path | None = None) -> Task:
+    """Byte-level language modelling of the standard library's source on this machine."""
+    files = stdlib_sources(root)
+    train = code_rows([p for i, p in enumerate(files) if i % CODE_HELDOUT_EVERY])
+    heldout = code_rows(files[::CODE_HELDOUT_EVERY])
+    log.info("%d files: %d training bytes, %d held out", len(files), train.size, heldout.size)
+    val = heldout_batches(heldout, CODE_CONTEXT)
+    return Task("code", "code", CODE_VOCAB, CODE_CONTEXT, CODE_BATCH, train, val, CODE_OUT)
+
+
 def plan(seeds2: bool) -> list[tuple[int, dict, int, int]]:
     """(width, schedule, total_steps, seed) of every run, the family first."""
     runs = [(w, schedule_for("cosine", 2000), 2000, 0) for w in WIDTHS]
@@ -237,7 +312,8 @@ def plan(seeds2: bool) -> list[tuple[int, dict, int, int]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--task", choices=("markov", "code"), default="markov")
+    parser.add_argument("--out", type=Path, help="default: the task's folder")
     parser.add_argument("--probe", type=int, help="only train the smallest and largest width")
     parser.add_argument("--second-seed", action="store_true", help="also seed 1 of the 2 widest")
     parser.add_argument("--only", help="only the runs whose name contains this")
@@ -248,28 +324,13 @@ def main() -> None:
 
     torch.set_num_threads(1)  # one core: the machine's other core stays free
     began = time.perf_counter()
-    train = make_chains(N_TRAIN_CHAINS, CHAIN_LEN, seed=1)
-    heldout = make_chains(N_HELDOUT_CHAINS, CHAIN_LEN, seed=2)
-    vrng = np.random.default_rng(3)
-    val_batches = [
-        batch_at(
-            heldout,
-            vrng.integers(0, heldout.shape[0], VAL_BATCH),
-            vrng.integers(0, heldout.shape[1] - CONTEXT - 1, VAL_BATCH),
-        )
-        for _ in range(VAL_BATCHES)
-    ]
-    floor = true_cross_entropy(heldout)
-    log.info(
-        "corpus ready in %.1f s; held-out loss floor %.4f nats", time.perf_counter() - began, floor
-    )
+    task = code_task() if args.task == "code" else markov_task()
+    log.info("%s corpus ready in %.1f s", task.name, time.perf_counter() - began)
 
     if args.probe:
         for width in (WIDTHS[0], WIDTHS[-1]):
             t0 = time.perf_counter()
-            rows, config = train_run(
-                width, schedule_for("cosine", args.probe), args.probe, 0, train, val_batches
-            )
+            rows, config = train_run(width, schedule_for("cosine", args.probe), args.probe, 0, task)
             vals = [v for _, m, v in rows if m == "val_loss"]
             log.info(
                 "probe w%d (%d params): val %s in %.1f s",
@@ -280,25 +341,29 @@ def main() -> None:
             )
         return
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    index_path = args.out / "runs.json"
+    out = args.out or task.out
+    out.mkdir(parents=True, exist_ok=True)
+    index_path = out / "runs.json"
     index = json.loads(index_path.read_text()) if index_path.exists() else {}
-    timings = {}
     for width, schedule, total_steps, seed in plan(args.second_seed):
-        name = run_name(width, schedule, total_steps, seed)
+        name = run_name(width, schedule, total_steps, seed, task.prefix)
         if args.only and args.only not in name:
             continue
         t0 = time.perf_counter()
-        rows, config = train_run(width, schedule, total_steps, seed, train, val_batches)
-        write_csv(args.out / f"{name}.csv.gz", name, rows)
+        rows, config = train_run(width, schedule, total_steps, seed, task)
+        write_csv(out / f"{name}.csv.gz", name, rows)
+        index = json.loads(index_path.read_text()) if index_path.exists() else {}
         index[name] = config
         index_path.write_text(json.dumps(dict(sorted(index.items())), indent=1) + "\n")
-        timings[name] = time.perf_counter() - t0
         final = [v for _, m, v in rows if m == "val_loss"][-1]
         log.info(
-            "%s: %d params, final val %.4f, %.0f s", name, config["params"], final, timings[name]
+            "%s: %d params, final val %.4f, %.0f s",
+            name,
+            config["params"],
+            final,
+            time.perf_counter() - t0,
         )
-    log.info("all done in %.0f s (loss floor %.4f)", time.perf_counter() - began, floor)
+    log.info("all done in %.0f s", time.perf_counter() - began)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from runwatch.expect.planned import check_schedule, planned_lr
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "data" / "make_families.py"
 _spec = importlib.util.spec_from_file_location("make_families", SCRIPT)
 mf = importlib.util.module_from_spec(_spec)
+sys.modules["make_families"] = mf  # its dataclass looks its module up
 _spec.loader.exec_module(mf)
 
 
@@ -58,3 +60,30 @@ def test_committed_families_have_a_config_and_a_csv_per_run():
         assert (mf.OUT / f"{name}.csv.gz").exists(), name
         check_schedule(config["schedule"], config["total_steps"])
         assert config["tokens_per_step"] == mf.BATCH * mf.CONTEXT
+
+
+def test_code_corpus_is_the_files_bytes_in_rows_with_one_nul_between(tmp_path):
+    (tmp_path / "b.py").write_bytes(b"y = 2\n")
+    (tmp_path / "a.py").write_bytes("x = 'é'\n".encode())
+    (tmp_path / "test").mkdir()
+    (tmp_path / "test" / "c.py").write_bytes(b"left out\n")
+    files = mf.stdlib_sources(tmp_path)
+    assert [p.name for p in files] == ["a.py", "b.py"]
+    stream = b"\0".join(p.read_bytes() for p in files)
+    assert mf.code_rows(files).shape == (0, mf.CODE_ROW)  # shorter than a row: none
+    flat = mf.code_rows(files, row=4).ravel()
+    assert flat.size == len(stream) // 4 * 4
+    assert flat.max() == mf.CODE_VOCAB - 1  # the two bytes of "é" share the top token
+    assert bytes(flat[:5].astype("uint8")) == b"x = '"
+
+
+def test_committed_code_family_has_a_config_and_a_csv_per_run():
+    index_path = mf.CODE_OUT / "runs.json"
+    if not index_path.exists():
+        pytest.skip("bench/data/cpu_code_families not generated")
+    index = json.loads(index_path.read_text())
+    assert len({c["params"] for n, c in index.items() if n.endswith("cosine_2000")}) >= 5
+    for name, config in index.items():
+        assert name.startswith("code_") and (mf.CODE_OUT / f"{name}.csv.gz").exists(), name
+        check_schedule(config["schedule"], config["total_steps"])
+        assert config["tokens_per_step"] == mf.CODE_BATCH * mf.CODE_CONTEXT
