@@ -282,13 +282,13 @@ def stdlib_sources(root: Path | None = None) -> list[Path]:
     return sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts[:-1]))
 
 
-def code_rows(files: list[Path]) -> np.ndarray:
-    """The files' bytes, one NUL between files, as tokens in rows of CODE_ROW (the tail that
+def code_rows(files: list[Path], row: int = CODE_ROW) -> np.ndarray:
+    """The files' bytes, one NUL between files, as tokens in rows of ``row`` (the tail that
     does not fill a row is dropped). Bytes above 126 become token 127."""
     stream = np.frombuffer(b"\0".join(p.read_bytes() for p in files), dtype=np.uint8)
     tokens = np.minimum(stream, CODE_VOCAB - 1).astype(np.int64)
-    n = tokens.size // CODE_ROW
-    return tokens[: n * CODE_ROW].reshape(n, CODE_ROW)
+    n = tokens.size // row
+    return tokens[: n * row].reshape(n, row)
 
 
 def code_task(root: Path | None = None) -> Task:
