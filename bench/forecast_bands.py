@@ -32,7 +32,10 @@ CPU_SETS = {  # set label: folder of real CPU runs (the run names start with the
 FRACTIONS = (0.10, 0.25, 0.50, 0.75)
 
 
-def load_runs() -> dict[str, tuple[pd.DataFrame, str]]:
+def load_runs() -> dict[str, tuple[pd.DataFrame, str, str]]:
+    """run: (its points, the metric forecast, its set). The CPU schedule runs are the
+    figure's set; the CPU width runs (cosine-2000), held-out and training loss, are a
+    held-out check of the band, reported apart ("<task> widths")."""
     runs = {}
     for path in sorted(REAL.glob("*.csv")):
         if path.stem.startswith("incident_"):
@@ -41,13 +44,17 @@ def load_runs() -> dict[str, tuple[pd.DataFrame, str]]:
         metrics = set(frame["metric"])
         metric = next((m for m in ("train_loss", "val_loss") if m in metrics), None)
         if metric is not None:
-            runs[path.stem] = (frame, metric)
-    for folder in CPU_SETS.values():
+            runs[path.stem] = (frame, metric, "real")
+    for label, folder in CPU_SETS.items():
         if not (folder / "runs.json").exists():
             continue
         for name in json.loads((folder / "runs.json").read_text()):
+            frame = pd.read_csv(next(folder.glob(f"{name}.csv*")))
             if any(k in name for k in ("constant_4000", "cosine_4000", "wsd_3200_4000")):
-                runs[name] = (pd.read_csv(next(folder.glob(f"{name}.csv*"))), "val_loss")
+                runs[name] = (frame, "val_loss", label)
+            elif "cosine_2000" in name:
+                runs[f"{name} val"] = (frame, "val_loss", f"{label} widths")
+                runs[f"{name} train"] = (frame, "loss", f"{label} widths train")
     return runs
 
 
@@ -57,7 +64,7 @@ def measure(root: Path) -> list[dict]:
     from runwatch.expect import forecast
 
     rows = []
-    for run, (frame, metric) in load_runs().items():
+    for run, (frame, metric, which) in load_runs().items():
         g = frame[frame["metric"] == metric].sort_values("step", kind="stable")
         s, v = g["step"].to_numpy(float), g["value"].to_numpy(float)
         if np.nanmin(v) <= 0:
@@ -74,7 +81,7 @@ def measure(root: Path) -> list[dict]:
             rows.append(
                 {
                     "run": run,
-                    "set": next((k for k in CPU_SETS if run.startswith(f"{k}_")), "real"),
+                    "set": which,
                     "frac": frac,
                     "model": f.model,
                     "err": (f.predicted - final) / final * 100,
@@ -87,7 +94,7 @@ def measure(root: Path) -> list[dict]:
 
 def table(rows: list[dict], label: str) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
-    frame = pd.concat([frame, frame.assign(set="all")])
+    frame = pd.concat([frame, frame[~frame["set"].str.contains("widths")].assign(set="all")])
     out = []
     for (which, frac), g in frame.groupby(["set", "frac"]):
         out.append(

@@ -20,6 +20,7 @@ from runwatch.expect import (
     forecast,
     lr_areas,
 )
+from runwatch.expect.forecast import UNSEEN_FALL_PER_EFOLD
 
 REAL_RUNS = Path(__file__).resolve().parents[2].parent / "shared/data/real_runs"
 
@@ -190,3 +191,18 @@ def test_the_band_never_ends_below_where_a_too_steep_fit_says_but_the_run_is():
     assert f.predicted < 2.0  # the fit alone would promise far too much
     assert f.upper >= 0.99 * level
     assert f.lower <= y[-1] <= f.upper  # the fit's own band ends near 1.5
+
+
+def test_an_early_forecast_leaves_room_for_a_fall_its_first_tenth_does_not_show():
+    # A held-out loss on a plateau, then learning late (as the CPU runs' did): at a tenth
+    # of the steps the fit sees the plateau, and the run ends far below it.
+    s = np.arange(0, 4001, 50, dtype=float)
+    y = 3.3 - 0.9 / (1.0 + np.exp(-(s - 1500.0) / 400.0)) + 0.3 * np.exp(-s / 150.0)
+    f = forecast(s, y, upto=400, final_step=4000)
+    assert f.model == "power_law"
+    assert f.predicted > 1.1 * y[-1]  # the fit alone misses by over 10%
+    assert f.lower <= y[-1] <= f.upper
+    room = UNSEEN_FALL_PER_EFOLD * np.log(4000 / 400)
+    assert f.lower == pytest.approx(f.predicted * (1 - room), rel=1e-6)
+    # Only the lower end moves: the upper end is what flags a run as worse than expected.
+    assert f.upper < 1.2 * f.predicted
