@@ -111,9 +111,11 @@ class _Run:
 
     def date(self, store: Store) -> None:
         """Give the run's attempts (and so the run) the start times the file's rows tell,
-        and mark it finished at its latest time (the import's clock when untimed)."""
+        seal its newest points, and mark it finished at its latest time (the import's clock
+        when untimed)."""
         for index, start in sorted(self.first.items()):
             store.set_attempt_start(self.run_id, self.attempts[index], start)
+        store.seal_open_blocks(self.run_id)
         store.set_run_status(self.run_id, "finished", now=self.latest)
 
     def reached(self, rank: Any, attempt: int, step: int) -> None:

@@ -143,6 +143,7 @@ class StoreBackend:
     ) -> None:
         assert self.run_id is not None
         try:
+            self.store.seal_open_blocks(self.run_id)
             self.store.add_events(
                 self.run_id, attempt, [Event("finish", last_step, time.time(), status)]
             )

@@ -383,6 +383,8 @@ def _finish(svc: _Service, run_id: int, body: S.FinishIn) -> str:
         event = Event("finish", body.last_step, time.time(), body.status, body.rank, body.host)
         store.add_events(run_id, body.attempt, [event])
         store.record_drops(run_id, body.drops)
+        if body.rank in (None, 0):
+            store.seal_open_blocks(run_id)
         if current == "crashed" and body.status == "finished":
             return current
         store.set_run_status(run_id, body.status)

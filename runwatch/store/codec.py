@@ -15,6 +15,10 @@ points look alike:
 
 Wall times are kept to the microsecond; that is the one lossy part, and documented.
 
+An open block (``encode_open_block``: the series' newest points, not yet a sealed block of
+``SEAL_POINTS``) is written raw: it is rewritten into a sealed block later, and the writer
+writes one per series every 0.08 s, where the analysis above costs more than it saves.
+
 The live writer encodes a small block per series every 0.08 s while holding the GIL, so
 ``encode_block`` keeps to a few NumPy calls (no ``np.diff``, ``np.iinfo`` or second NaN pass
 in the common case; bench/README-hook-cadence.md).
@@ -35,6 +39,8 @@ import zlib
 import numpy as np
 
 _MAGIC = 1  # format version of a block blob
+_OPEN = 2  # an open block's first byte: the arrays as they are (``encode_open_block``)
+_OPEN_HEADER = struct.Struct("<BI")  # _OPEN, n
 _HEADER = struct.Struct("<BIqqBBBII")
 # version, n, first_step, first_time_us, step_dtype, time_dtype, value_dtype,
 # len(step_bytes), len(time_bytes)
@@ -133,8 +139,31 @@ def encode_block(steps: np.ndarray, times: np.ndarray, values: np.ndarray) -> by
     return header + zlib.compress(step_bytes + time_bytes + value_bytes, _ZLIB_LEVEL)
 
 
+def encode_open_block(steps: np.ndarray, times: np.ndarray, values: np.ndarray) -> bytes:
+    """Encode an open block raw: int64 steps, float64 times and values, the times rounded
+    to the microsecond when all are known, so that it decodes to what ``encode_block`` of
+    the same points decodes to."""
+    times = np.asarray(times, dtype=np.float64)
+    if np.isfinite(times).all():
+        times = np.round(times * 1e6) / 1e6
+    return b"".join(
+        (
+            _OPEN_HEADER.pack(_OPEN, len(steps)),
+            np.asarray(steps, dtype="<i8").tobytes(),
+            times.astype("<f8", copy=False).tobytes(),
+            np.asarray(values, dtype="<f8").tobytes(),
+        )
+    )
+
+
 def decode_block(blob: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Inverse of :func:`encode_block`: (steps int64, times float64, values float64)."""
+    """Inverse of :func:`encode_block` and :func:`encode_open_block`: (steps int64, times
+    float64, values float64)."""
+    if blob[0] == _OPEN:
+        _, n = _OPEN_HEADER.unpack_from(blob)
+        raw = np.frombuffer(blob, dtype="<f8", count=3 * n, offset=_OPEN_HEADER.size)
+        steps = raw[:n].view("<i8").astype(np.int64)
+        return steps, raw[n : 2 * n].astype(np.float64), raw[2 * n :].astype(np.float64)
     (version, n, first_step, first_time, step_code, time_code, value_code, n_step, n_time) = (
         _HEADER.unpack_from(blob)
     )

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from runwatch.store.codec import decode_block, encode_block
+from runwatch.store.codec import decode_block, encode_block, encode_open_block
 from runwatch.store.downsample import first_flagged, segment_argext
 
 if TYPE_CHECKING:
@@ -77,6 +77,20 @@ class BlockAppender:
             pending += n - start
         self._unsealed[key] = pending
 
+    def seal(self, series_id: int, attempt: int) -> None:
+        """Rewrite a series' open blocks as one sealed block, however few its points (a
+        finished run keeps its points compressed and summarized); call inside a
+        transaction."""
+        pending = self._unsealed.get((series_id, attempt))
+        if pending is None:
+            pending = self._count_unsealed(series_id, attempt)
+        if not pending:
+            return
+        steps, times, values = self._take_unsealed(series_id, attempt)
+        if len(steps):
+            self._insert(series_id, attempt, steps, times, values, sealed=True)
+        self._unsealed[(series_id, attempt)] = 0
+
     def prepare(self, attempt: int, points: Mapping[int, PointArrays]) -> None:
         """Called inside the transaction before a write appends ``points`` (series id ->
         arrays); a backend with costly round trips reads what the appends need in one go."""
@@ -132,7 +146,7 @@ def block_row(
     sealed: bool,
 ) -> tuple[Any, ...]:
     """A ``point_blocks`` row, in its column order: the block encoded, and summarized when
-    sealed (an open block is rewritten on the next write)."""
+    sealed (an open block is written raw, and rewritten into a sealed one later)."""
     return (
         series_id,
         attempt,
@@ -140,7 +154,7 @@ def block_row(
         int(steps.max()),
         len(steps),
         int(sealed),
-        encode_block(steps, times, values),
+        encode_block(steps, times, values) if sealed else encode_open_block(steps, times, values),
         summarize_block(steps, times, values) if sealed else None,
     )
 

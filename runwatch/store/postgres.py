@@ -558,6 +558,7 @@ class PostgresStore(Store):
         self.readonly = readonly
         self._lock = threading.RLock()
         self._series_ids = {}
+        self._attempts_started = set()
         self._conn = PgConnection(self.url)  # type: ignore[assignment]
         try:
             with _translated_errors(self._conn):

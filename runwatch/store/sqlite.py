@@ -130,6 +130,7 @@ class Store(
             raise StoreError(f"{self.path}: cannot open as a runwatch store: {exc}") from exc
         self._lock = threading.RLock()
         self._series_ids: dict[tuple[int, str, str], int] = {}
+        self._attempts_started: set[tuple[int, int]] = set()
         self._appender = BlockAppender(self._conn)
 
     def _connect(self, busy_timeout_s: float) -> sqlite3.Connection:
@@ -212,6 +213,7 @@ class Store(
                 self._rollback()
                 self._appender.forget()
                 self._series_ids.clear()
+                self._attempts_started.clear()
                 raise
 
     # -- dialect hooks (runwatch/store/postgres.py overrides them) ---------------------------
@@ -461,21 +463,22 @@ class Store(
         last_step: int | None = None
         last_time: float | None = None
         first_step: int | None = None
-        for steps, times, _ in points.values():
-            if len(steps):
-                hi, lo = int(steps.max()), int(steps.min())
-                last_step = hi if last_step is None else max(last_step, hi)
-                first_step = lo if first_step is None else min(first_step, lo)
-                t = float(np.nanmax(times)) if np.isfinite(times).any() else None
-                if t is not None:
-                    last_time = t if last_time is None else max(last_time, t)
+        filled = [a for a in points.values() if len(a[0])]
+        if filled:
+            # One concatenation, not NumPy calls per series: the live writer comes here
+            # every 0.08 s with a few points per series, holding the GIL.
+            steps = np.concatenate([a[0] for a in filled])
+            last_step, first_step = int(steps.max()), int(steps.min())
+            newest = float(np.fmax.reduce(np.concatenate([a[1] for a in filled])))
+            last_time = newest if newest == newest else None  # NaN: no time known
+        started = (run_id, attempt) in self._attempts_started
         with self.transaction() as conn:
             self._appender.prepare(attempt, points)
             for sid, arrays in points.items():
                 self._appender.append(sid, attempt, arrays)
             for event in events:
                 self._insert_event(conn, run_id, attempt, event)
-            if first_step is not None:
+            if first_step is not None and not started:
                 conn.execute(
                     "UPDATE attempts SET start_step = ? WHERE run_id = ? AND "
                     "attempt = ? AND start_step IS NULL",
@@ -489,6 +492,20 @@ class Store(
                     "WHERE id = ?",
                     (last_step, last_time, run_id),
                 )
+        if first_step is not None:
+            self._attempts_started.add((run_id, attempt))  # its start_step is set for good
+
+    def seal_open_blocks(self, run_id: int) -> None:
+        """Seal every open block of a run (its newest points, stored raw while it writes):
+        when it finishes, so the points it keeps are compressed and summarized."""
+        with self.transaction() as conn:
+            keys = conn.execute(
+                "SELECT DISTINCT b.series_id, b.attempt FROM point_blocks b "
+                "JOIN series s ON s.id = b.series_id WHERE s.run_id = ? AND b.sealed = 0",
+                (run_id,),
+            ).fetchall()
+            for series_id, attempt in keys:
+                self._appender.seal(int(series_id), int(attempt))
 
     def add_events(self, run_id: int, attempt: int | None, events: Iterable[Event]) -> None:
         with self.transaction() as conn:

@@ -18,6 +18,10 @@ def test_a_run_logs_into_postgresql_with_live_detection(pg_url, caplog):
     with runwatch.open_store(pg_url, readonly=True) as store:
         assert store.read_series("pg-run", "loss")["step"].tolist() == list(range(51))
         found = store.anomalies("pg-run")
+        open_blocks = store._conn.execute(
+            "SELECT COUNT(*) FROM point_blocks WHERE sealed = 0"
+        ).fetchone()[0]
+    assert open_blocks == 0  # the finished run's points are sealed
     assert found[["detector", "start_step"]].values.tolist() == [["nonfinite", 50]]
     password = pg_url.split(":")[2].split("@")[0]
     assert password not in caplog.text

@@ -250,3 +250,40 @@ def test_runs_lists_points_series_and_attempts(store_url):
         4,
     )
     assert isinstance(runs, pd.DataFrame)
+
+
+def test_a_runs_newest_points_are_raw_while_it_writes_and_sealed_when_it_finishes(db_path):
+    import runwatch
+
+    run = runwatch.init(name="sealed", store=str(db_path), cpu_wait=False)
+    values = [3.0 / (s + 1) for s in range(40)]
+    for step, value in enumerate(values):
+        run.log({"loss": value, "lr": 1e-3}, step=step)
+        if step % 10 == 9:
+            run.flush()  # one open block per series per flush
+    conn = sqlite3.connect(db_path)
+    open_rows = conn.execute("SELECT sealed, substr(data, 1, 1) FROM point_blocks").fetchall()
+    assert len(open_rows) == 8 and {r[0] for r in open_rows} == {0}
+    assert {r[1] for r in open_rows} == {b"\x02"}  # raw: cheap for the writer
+    with open_store(str(db_path), readonly=True) as store:
+        while_open = store.read_series("sealed", "loss")
+    run.finish()
+    sealed = conn.execute("SELECT sealed, n, substr(data, 1, 1) FROM point_blocks").fetchall()
+    assert sealed == [(1, 40, b"\x01")] * 2  # one compressed block per series
+    with open_store(str(db_path), readonly=True) as store:
+        done = store.read_series("sealed", "loss")
+    assert done["value"].tolist() == values
+    pd.testing.assert_frame_equal(done, while_open)
+
+
+def test_sealing_a_short_series_leaves_the_next_points_open(db_path):
+    store = open_store(str(db_path))
+    run_id, attempt = store.start_run("short", project=None, config={}, resume=None)
+    sid = store.series_id(run_id, "loss")
+    store.write(run_id, attempt, {sid: _pts(range(5), np.arange(5.0))})
+    store.seal_open_blocks(run_id)
+    store.seal_open_blocks(run_id)  # nothing left to seal: no change
+    store.write(run_id, attempt, {sid: _pts(range(5, 8), np.arange(5.0, 8.0))})
+    rows = store._conn.execute("SELECT sealed, n FROM point_blocks ORDER BY id").fetchall()
+    assert rows == [(1, 5), (0, 3)]
+    assert store.read_series("short", "loss")["value"].tolist() == list(np.arange(8.0))
