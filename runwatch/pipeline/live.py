@@ -275,13 +275,20 @@ class LiveDetection:
         for anomaly in found:
             changed[id(anomaly)] = anomaly
         fleet_update = self.fleet.update
-        for i, step, value, stamp in zip(
-            rows.tolist(), step_arr.tolist(), value_arr.tolist(), time_l, strict=True
-        ):
-            name, labels = names[i]
-            stamp = None if stamp != stamp else stamp
-            for anomaly in fleet_update(name, labels, step, value, stamp):
-                changed[id(anomaly)] = anomaly
+        read = np.array([self.fleet.reads(name, labels) for name, labels in names])[rows]
+        if read.any():
+            picked = np.flatnonzero(read)
+            for i, step, value, stamp in zip(
+                rows[picked].tolist(),
+                step_arr[picked].tolist(),
+                value_arr[picked].tolist(),
+                [time_l[j] for j in picked.tolist()],
+                strict=True,
+            ):
+                name, labels = names[i]
+                stamp = None if stamp != stamp else stamp
+                for anomaly in fleet_update(name, labels, step, value, stamp):
+                    changed[id(anomaly)] = anomaly
         if self._hangs_judgeable():
             for anomaly in self.fleet.tick():
                 changed[id(anomaly)] = anomaly

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from runwatch.detect.fleet.monitor import FleetMonitor
 from runwatch.detect.fleet.stragglers import StragglerDetector
 
 
@@ -114,3 +115,26 @@ def test_the_floor_of_a_few_steps_sees_a_straggler_through_one_sided_spikes():
     (a,) = feed(StragglerDetector(smooth=9, short_ratio=1e9), t)
     assert a.labels == {"rank": 1} and 200 <= a.details["detected_at"] <= 250
     assert a.details["slowdown"] == pytest.approx(1.2, abs=0.03)
+
+
+def test_the_fleet_monitor_reads_gpu_metrics_and_ranks_points_and_nothing_else():
+    reads = FleetMonitor.reads
+    assert reads("gpu_temp", {"gpu": 0}) and reads("step_time_s", {"rank": 3})
+    assert reads("loss", {"rank": 0})  # a rank's metric: its wait or step time may matter
+    assert not reads("loss", {}) and not reads("step_time_s", None)
+    assert not reads("step_time_s", {"rank": float("nan")})  # a CSV gap is no rank
+    # What it does not read leaves no trace: the same points with and without them.
+    with_others, without = FleetMonitor(), FleetMonitor()
+    for step in range(300):
+        slow = 0.3 if step >= 150 else 0.1
+        for rank in range(4):
+            t = slow if rank == 2 else 0.1
+            for monitor in (with_others, without):
+                monitor.update("step_time_s", {"rank": rank}, step, t, time=1000.0 + step)
+        with_others.update("loss", {}, step, 2.0, time=1000.0 + step)
+        with_others.update("step_time_s", {}, step, 0.1, time=1000.0 + step)
+    with_others.finish()
+    without.finish()
+    found = [(a.detector, a.start_step) for a in with_others.anomalies]
+    assert found == [(a.detector, a.start_step) for a in without.anomalies]
+    assert found  # rank 2 is a straggler from step 150

@@ -105,6 +105,13 @@ class FleetMonitor:
         return list(self._anomalies)
 
     # -- input -----------------------------------------------------------------------------
+    @staticmethod
+    def reads(metric: str, labels: Mapping[str, Any] | None) -> bool:
+        """Whether ``update`` does anything with a series' points: a GPU metric, or any
+        metric of a rank. A caller feeding many points skips the others (most of a
+        single-process run's) without a call per point."""
+        return metric.startswith("gpu_") or label_value((labels or {}).get("rank")) is not None
+
     def update(
         self,
         metric: str,
