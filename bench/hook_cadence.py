@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import os
 import platform
 import queue
@@ -56,11 +57,17 @@ PAUSES = (
 
 
 def values(i: int) -> dict[str, float]:
+    """What a training loop logs at step ``i``: a falling loss and a grad norm with their
+    step-to-step noise (deterministic), a constant LR, a throughput. The values follow the
+    step across the bench's phases, as a run's curve does: values that jump back or stay
+    exactly constant make detection flag and grow episodes on every point, a cost no
+    healthy run has."""
+    noise = math.sin(i * 12.9898) * 43758.5453 % 1.0 - 0.5  # uniform in [-0.5, 0.5)
     return {
-        "loss": 2.0 + 9.0 * (i + 50.0) ** -0.4,
-        "grad_norm": 0.8 + (i % 7) * 0.01,
+        "loss": (2.0 + 9.0 * (i + 50.0) ** -0.4) * (1.0 + 0.02 * noise),
+        "grad_norm": 0.8 + 0.1 * noise,
         "lr": 3e-4,
-        "tokens_per_s": 250_000.0 + (i % 13),
+        "tokens_per_s": 250_000.0 * (1.0 + 0.01 * noise),
     }
 
 
@@ -96,14 +103,15 @@ def schedstat(tid: int | None = None) -> tuple[float, float]:
     return int(on_cpu) / 1e9, int(waiting) / 1e9
 
 
-def background_cpu() -> float:
-    """Seconds on a CPU so far of runwatch's own threads in this process (the writer,
-    live detection, samplers): an upper bound of the GIL they can take from the loop."""
-    return sum(
-        schedstat(t.native_id)[0]
+def background_cpu() -> dict[str, float]:
+    """Seconds on a CPU so far of each of runwatch's own threads in this process (the
+    writer, live detection, samplers): an upper bound of the GIL they can take from the
+    loop."""
+    return {
+        t.name: schedstat(t.native_id)[0]
         for t in threading.enumerate()
         if t.name.startswith("runwatch") and t.native_id is not None
-    )
+    }
 
 
 def calibrate_work(target_s: float = 0.001) -> int:
@@ -176,7 +184,7 @@ def child_runwatch(src: str, steps: dict[str, int], blocks: int, block_steps: in
             pause(kind, seconds)
             name = names[i % len(names)]
             call = contenders[name]
-            d = values(i)
+            d = values(step[0] + 1)
             step[0] += 1
             t = timer()
             call(d)
@@ -185,10 +193,10 @@ def child_runwatch(src: str, steps: dict[str, int], blocks: int, block_steps: in
         while not bare.empty():
             bare.get_nowait()
     tight: dict[str, list[int]] = {"bare put": [], "run.log": []}
-    d = values(0)
     for name in tight:
         call = contenders[name]
-        for _ in range(20_000):
+        dicts = [values(step[0] + k + 1) for k in range(20_000)]
+        for d in dicts:
             step[0] += 1
             t = timer()
             call(d)
@@ -203,19 +211,23 @@ def child_runwatch(src: str, steps: dict[str, int], blocks: int, block_steps: in
     added: dict[str, list[float]] = {k: [] for k in kinds}
     held: dict[str, list[float]] = {k: [] for k in kinds}
     behind: dict[str, list[float]] = {k: [] for k in kinds}
+    by_thread: dict[str, list[float]] = {}  # run.log's added CPU, thread by thread
     for b in range(blocks):
         walls: dict[str, float] = {}
         off: dict[str, float] = {}
-        background: dict[str, float] = {}
+        background: dict[str, dict[str, float]] = {}
         order = ("none", "run.log", "bare put") if b % 2 == 0 else ("bare put", "run.log", "none")
         for kind in order:
             call = contenders.get(kind)
             cpu0, queued0 = schedstat()
             bg0 = background_cpu()
             t = time.perf_counter()
-            for i in range(block_steps):
+            for _ in range(block_steps):
                 work(n_work)
-                d = values(i)  # the user's dict: every block builds it, only logging differs
+                # The user's dict: every block builds it, only logging differs. By the
+                # block's own index the loss jumped back up at each block, a spike no
+                # training loop makes, and detection had every point of it to judge.
+                d = values(step[0] + 1)
                 if call is not None:
                     step[0] += 1
                     call(d)
@@ -226,13 +238,18 @@ def child_runwatch(src: str, steps: dict[str, int], blocks: int, block_steps: in
             # what other processes do to the loop's CPU time on a shared machine.
             off[kind] = walls[kind] - (cpu1 - cpu0) - (queued1 - queued0)
             time.sleep(0.15)  # the block's points are written and judged in this pause too
-            background[kind] = background_cpu() - bg0
+            bg1 = background_cpu()
+            background[kind] = {name: bg1[name] - bg0.get(name, 0.0) for name in bg1}
             while not bare.empty():
                 bare.get_nowait()
         for kind in kinds:
             added[kind].append((walls[kind] - walls["none"]) / block_steps * 1e6)
             held[kind].append((off[kind] - off["none"]) / block_steps * 1e6)
-            behind[kind].append((background[kind] - background["none"]) / block_steps * 1e6)
+            none = sum(background["none"].values())
+            behind[kind].append((sum(background[kind].values()) - none) / block_steps * 1e6)
+        for name, cpu in background["run.log"].items():
+            extra = cpu - background["none"].get(name, 0.0)
+            by_thread.setdefault(name, []).append(extra / block_steps * 1e6)
     out["wall added"] = {
         kind: {"median": statistics.median(v), "blocks": v} for kind, v in added.items()
     }
@@ -242,6 +259,7 @@ def child_runwatch(src: str, steps: dict[str, int], blocks: int, block_steps: in
     out["background cpu added"] = {
         kind: {"median": statistics.median(v), "blocks": v} for kind, v in behind.items()
     }
+    out["background by thread"] = {n: statistics.median(v) for n, v in by_thread.items()}
     writer = [t for t in threading.enumerate() if t.name == "runwatch-writer"]
     if writer:
         run.flush()
@@ -382,6 +400,20 @@ def report(results: dict[str, list[dict]], anchors: dict[str, list[dict]], args:
     for version, runs in results.items():
         per = [r["writer cpu s"] / r["points"] * 1e6 for r in runs if r.get("points")]
         lines.append(f"| runwatch-writer | {version} | {spread(per)} |")
+    lines += [
+        "",
+        "| run.log's added CPU per logged step, by thread | version | median over blocks µs |",
+        "|---|---|---|",
+    ]
+    for version, runs in results.items():
+        names = sorted({n for r in runs for n in r.get("background by thread", {})})
+        for name in names:
+            meds = [
+                r["background by thread"][name]
+                for r in runs
+                if name in r.get("background by thread", {})
+            ]
+            lines.append(f"| {name} | {version} | {spread(meds)} |")
     if any(results.values()):
         step_ms = [r["step ms"] for runs in results.values() for r in runs]
         lines.append("")
