@@ -42,6 +42,7 @@ class BlockAppender:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
         self._unsealed: dict[tuple[int, int], int] = {}
+        self._rows: list[tuple[Any, ...]] = []  # blocks to insert, at ``flush``
 
     def append(self, series_id: int, attempt: int, points: PointArrays) -> None:
         """Append ``points`` (in log order) to a series; call inside a transaction."""
@@ -95,11 +96,25 @@ class BlockAppender:
         """Called inside the transaction before a write appends ``points`` (series id ->
         arrays); a backend with costly round trips reads what the appends need in one go."""
 
+    def flush(self) -> None:
+        """Insert the blocks appended since the last flush, in one statement: a write ends
+        with it (each statement hands the GIL over twice)."""
+        if self._rows:
+            rows, self._rows = self._rows, []
+            self._conn.executemany(
+                "INSERT INTO point_blocks (series_id, attempt, min_step, max_step, n, sealed, "
+                "data, summary) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+
     def forget(self) -> None:
-        """Drop cached counts (after a rollback they may be wrong)."""
+        """Drop cached counts and blocks not yet inserted (after a rollback they may be
+        wrong)."""
         self._unsealed.clear()
+        self._rows.clear()
 
     def _count_unsealed(self, series_id: int, attempt: int) -> int:
+        self.flush()
         row = self._conn.execute(
             "SELECT COALESCE(SUM(n), 0) FROM point_blocks "
             "WHERE series_id = ? AND attempt = ? AND sealed = 0",
@@ -108,6 +123,7 @@ class BlockAppender:
         return int(row[0])
 
     def _take_unsealed(self, series_id: int, attempt: int) -> PointArrays:
+        self.flush()
         rows = self._conn.execute(
             "SELECT id, data FROM point_blocks "
             "WHERE series_id = ? AND attempt = ? AND sealed = 0 ORDER BY id",
@@ -126,11 +142,7 @@ class BlockAppender:
         values: np.ndarray,
         sealed: bool,
     ) -> None:
-        self._conn.execute(
-            "INSERT INTO point_blocks (series_id, attempt, min_step, max_step, n, sealed, data, "
-            "summary) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            block_row(series_id, attempt, steps, times, values, sealed),
-        )
+        self._rows.append(block_row(series_id, attempt, steps, times, values, sealed))
 
 
 SUMMARY_GROUP = 32

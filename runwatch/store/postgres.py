@@ -27,7 +27,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import numpy as np
 
 from runwatch.store.errors import SchemaTooNewError, StoreError, StoreUnavailableError
-from runwatch.store.points import BlockAppender, block_row
+from runwatch.store.points import BlockAppender
 from runwatch.store.run_locks import RunLocks
 from runwatch.store.schema import MIGRATIONS, SCHEMA_VERSION
 from runwatch.store.sqlite import Store
@@ -482,7 +482,6 @@ class CopyBlockAppender(BlockAppender):
 
     def __init__(self, conn: PgConnection) -> None:
         super().__init__(conn)  # type: ignore[arg-type]
-        self._rows: list[tuple[Any, ...]] = []
         self._taken: dict[tuple[int, int], Any] = {}
 
     def prepare(self, attempt: int, points: Any) -> None:
@@ -524,9 +523,6 @@ class CopyBlockAppender(BlockAppender):
                 np.concatenate([d[i] for d in decoded]) for i in range(3)
             )
 
-    def _insert(self, series_id, attempt, steps, times, values, sealed):  # type: ignore[no-untyped-def]
-        self._rows.append(block_row(series_id, attempt, steps, times, values, sealed))
-
     def _count_unsealed(self, series_id: int, attempt: int) -> int:
         self.flush()
         return super()._count_unsealed(series_id, attempt)
@@ -544,7 +540,6 @@ class CopyBlockAppender(BlockAppender):
             self._conn.copy_rows("point_blocks", self.COLUMNS, self.TYPES, rows)  # type: ignore[attr-defined]
 
     def forget(self) -> None:
-        self._rows.clear()
         self._taken.clear()
         super().forget()
 

@@ -476,6 +476,7 @@ class Store(
             self._appender.prepare(attempt, points)
             for sid, arrays in points.items():
                 self._appender.append(sid, attempt, arrays)
+            self._appender.flush()
             for event in events:
                 self._insert_event(conn, run_id, attempt, event)
             if first_step is not None and not started:
@@ -506,6 +507,7 @@ class Store(
             ).fetchall()
             for series_id, attempt in keys:
                 self._appender.seal(int(series_id), int(attempt))
+            self._appender.flush()
 
     def add_events(self, run_id: int, attempt: int | None, events: Iterable[Event]) -> None:
         with self.transaction() as conn:
