@@ -488,8 +488,6 @@ class CopyBlockAppender(BlockAppender):
         from runwatch.store.codec import decode_block
         from runwatch.store.points import SEAL_POINTS
 
-        if self._rows:  # an earlier write in this transaction: let the generic path run
-            return
         unknown = [sid for sid in points if (sid, attempt) not in self._unsealed]
         if unknown:
             found = dict(
