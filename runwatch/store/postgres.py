@@ -470,7 +470,7 @@ class _translated_errors:
 
 
 class CopyBlockAppender(BlockAppender):
-    """:class:`BlockAppender` whose inserts wait in memory and go in by one COPY at commit.
+    """:class:`BlockAppender` whose blocks go in by one COPY at the end of each write.
 
     Before a write, :meth:`prepare` learns in one query how many unsealed points each new
     series has, and reads (and deletes) in one more the unsealed blocks of every series the
