@@ -239,6 +239,10 @@ callback = RunwatchCallback(name="ddp", store=sys.argv[1])
 trainer = _trainer(Path(sys.argv[3]), callback, max_steps=6, ddp_backend="gloo")
 assert trainer.args.world_size == 2
 trainer.train()
+# As torch asks of every script: without it gloo's threads can abort the process as the
+# interpreter shuts down (pytorch/pytorch#179291), which fails a run that went well.
+import torch.distributed as dist
+dist.destroy_process_group()
 """
 
 
