@@ -242,6 +242,7 @@ trainer.train()
 # As torch asks of every script: without it gloo's threads can abort the process as the
 # interpreter shuts down (pytorch/pytorch#179291), which fails a run that went well.
 import torch.distributed as dist
+dist.barrier()  # every rank past train(): destroying the group alone can hang
 dist.destroy_process_group()
 """
 

@@ -57,7 +57,6 @@ def main() -> None:
         callbacks=[callback, SlowRank(slow)],
     )
     trainer.train()
-    torch.distributed.destroy_process_group()  # else gloo's threads may abort the exit
 
 
 if __name__ == "__main__":
