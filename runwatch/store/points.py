@@ -81,12 +81,7 @@ class BlockAppender:
     def seal(self, series_id: int, attempt: int) -> None:
         """Rewrite a series' open blocks as one sealed block, however few its points (a
         finished run keeps its points compressed and summarized); call inside a
-        transaction."""
-        pending = self._unsealed.get((series_id, attempt))
-        if pending is None:
-            pending = self._count_unsealed(series_id, attempt)
-        if not pending:
-            return
+        transaction, for a series that has some."""
         steps, times, values = self._take_unsealed(series_id, attempt)
         if len(steps):
             self._insert(series_id, attempt, steps, times, values, sealed=True)
