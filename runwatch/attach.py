@@ -21,10 +21,15 @@ from runwatch.model import Event, SeriesBatch
 if TYPE_CHECKING:
     from runwatch.alerting.setup import RunAlerting
     from runwatch.expect.reference import ReferenceCurve
+    from runwatch.live_process import LiveProcess
     from runwatch.pipeline.live import LiveDetection
     from runwatch.store.run_locks import RunLocks
 
 log = logging.getLogger("runwatch.attach")
+
+LIVE_DETECTION_PLACES = ("process", "thread")
+"""Where a run's live detection can run: a child process (the default: it takes no GIL
+from the training loop, ``runwatch.live_process``) or a thread of the training process."""
 
 
 class Attached:
@@ -43,8 +48,10 @@ class Attached:
         system_metrics: bool,
         system_metrics_interval: float,
         dcgm: Mapping[str, Any] | None = None,
+        live_detection: str = "process",
     ) -> None:
         self._monitor = monitor
+        self._where = live_detection
         self._roles = roles
         self._references = references
         self._alert_options = {
@@ -56,7 +63,8 @@ class Attached:
         self._interval = system_metrics_interval
         self._dcgm_options = dcgm
         self.alerting: RunAlerting | None = None
-        self.detection: LiveDetection | None = None
+        self.detection: LiveDetection | None = None  # in a thread of this process
+        self.process: LiveProcess | None = None  # or in a child process
         self._locks: RunLocks | None = None
         self.sampler: Any = None
         self.dcgm: Any = None
@@ -65,39 +73,60 @@ class Attached:
         self, run: Any, run_id: int, store_path: str, embedded: bool
     ) -> Callable[[SeriesBatch, list[Event]], None] | None:
         """Start alerting and live detection for ``run`` (stored as ``run_id``); return the
-        writer's sink (None: nothing to feed). A bad rules file raises here."""
+        writer's sink (None: nothing to feed). A bad rules file raises here.
+
+        Detection runs in a child process (``runwatch.live_process``), with the alert
+        engine it feeds, unless ``live_detection="thread"`` or the child cannot start.
+        A server runs its own detection: only the embedded store gets it here."""
         from runwatch.alerting.setup import configure
 
+        detect = self._monitor and embedded
+        if detect and self._where == "process":
+            self.alerting = configure(run, **self._alert_options, engine=False)
+            try:
+                self.process = self._start_process(run, run_id, store_path)
+                return self.process
+            except OSError as exc:
+                log.warning(
+                    "runwatch: cannot start live detection's process (%s); detecting in a "
+                    "thread of this one",
+                    exc,
+                )
+                if self.alerting is not None:
+                    self.alerting.close(0.0)
         self.alerting = configure(run, **self._alert_options)
-        # A server runs its own detection: only the embedded store gets it here.
-        if self._monitor and embedded and self._own(store_path, run_id):
-            from runwatch.pipeline.live import LiveDetection
+        if detect:
+            from runwatch.store.run_locks import claim_live_detection
 
-            self.detection = LiveDetection(
-                store_path,
-                run_id,
-                self._roles,
-                on_change=self.alerting.on_change if self.alerting else None,
-                references=self._references,
-            )
+            owned, self._locks = claim_live_detection(store_path, run_id)
+            if owned:
+                from runwatch.pipeline.live import LiveDetection
+
+                self.detection = LiveDetection(
+                    store_path,
+                    run_id,
+                    self._roles,
+                    on_change=self.alerting.on_change if self.alerting else None,
+                    references=self._references,
+                )
         return self.detection
 
-    def _own(self, store_path: str, run_id: int) -> bool:
-        """On a shared PostgreSQL store, hold the run's ownership lock while detecting, as
-        a ``runwatch serve`` replica would (``runwatch.store.run_locks``): a replica on the
-        same database then leaves the run alone, and takes it over if this process dies.
-        False: another process owns it already."""
-        from runwatch.store import is_store_url
+    def _start_process(self, run: Any, run_id: int, store_path: str) -> LiveProcess:
+        from runwatch.live_process import LiveProcess
 
-        if not is_store_url(store_path):
-            return True
-        from runwatch.store.run_locks import RunLocks
-
-        self._locks = RunLocks(store_path)
-        if self._locks.try_own(run_id):
-            return True
-        log.info("runwatch: another process runs this run's live detection; not here")
-        return False
+        options = self._alert_options
+        with_rules = self.alerting is not None and self.alerting.rules is not None
+        return LiveProcess(
+            {
+                "store_path": store_path,
+                "run_id": run_id,
+                "name": run.name,
+                "project": run.project,
+                "roles": self._roles,
+                "references": self._references,
+                "alerts": (options["alerts"], options["webhook"]) if with_rules else None,
+            }
+        )
 
     def start_sampler(self, run: Any) -> None:
         """GPU (NVML) and host readings, and DCGM readings from Prometheus, on threads of
@@ -119,6 +148,8 @@ class Attached:
 
     def close(self, timeout: float, alert_timeout: float) -> None:
         """Finish live detection (up to ``timeout`` s), then wait (bounded) for alerts."""
+        if self.process is not None:
+            self.process.close(timeout, alert_timeout)
         if self.detection is not None:
             self.detection.close(max(1.0, timeout))
         if self._locks is not None:
@@ -130,6 +161,8 @@ class Attached:
         """In a forked child the threads do not exist: forget them."""
         self.sampler = None
         self.dcgm = None
+        if self.process is not None:
+            self.process.after_fork()
 
 
 def attach(
@@ -149,6 +182,7 @@ def attach(
     dcgm: str | None = None,
     dcgm_interval: float = 15.0,
     dcgm_hosts: Sequence[str] | None = None,
+    live_detection: str | None = None,
 ) -> Attached:
     """The extras of run ``name``, checked before anything is written.
 
@@ -159,8 +193,14 @@ def attach(
     this one (of ``config``: its params, total_steps and schedule), checked likewise.
     ``dcgm``: poll DCGM readings from that Prometheus (default
     ``$RUNWATCH_DCGM_URL``; a malformed URL raises ``ValueError`` here), see
-    :func:`dcgm_options`.
+    :func:`dcgm_options`. ``live_detection``: ``"process"`` (default, or
+    ``$RUNWATCH_LIVE_DETECTION``) or ``"thread"``, where detection runs.
     """
+    where = live_detection or os.environ.get("RUNWATCH_LIVE_DETECTION") or "process"
+    if where not in LIVE_DETECTION_PLACES:
+        raise ValueError(
+            f"live_detection={where!r}: give one of {', '.join(LIVE_DETECTION_PLACES)}"
+        )
     roles = monitor if isinstance(monitor, Mapping) else None
     if reference and not monitor:
         raise ValueError(
@@ -191,6 +231,7 @@ def attach(
         system_metrics=system_metrics,
         system_metrics_interval=system_metrics_interval,
         dcgm=dcgm_options(dcgm, dcgm_interval, dcgm_hosts),
+        live_detection=where,
     )
 
 

@@ -57,6 +57,7 @@ class RunAlerting:
     engine: AlertEngine | None
     exporter: Exporter | None
     on_change: Callable[..., None] | None
+    rules: Rules | None = None
 
     def close(self, timeout: float = 10.0) -> bool:
         """Flush and wait (bounded) for pending alerts, then stop the exporter."""
@@ -77,19 +78,21 @@ def configure(
     webhook: str | None = None,
     alerts: str | os.PathLike[str] | None = None,
     prometheus_port: int | None = None,
+    engine: bool = True,
 ) -> RunAlerting | None:
     """Alerting and ``/metrics`` for an in-process ``Run`` (None when neither is asked for).
 
-    ``run`` needs ``name``, ``project``, ``store_path`` and ``stats()``.
+    ``run`` needs ``name``, ``project``, ``store_path`` and ``stats()``. ``engine=False``:
+    check the rules but start no engine (live detection's process runs it).
     """
     rules = resolve_rules(alerts, webhook)
     if rules is None and prometheus_port is None:
         return None
-    engine = exporter = None
+    alert_engine = exporter = None
     on_change = None
-    if rules is not None:
-        engine = start_engine(rules, run.store_path)
-        on_change = engine.bind(run.name, run.project)
+    if rules is not None and engine:
+        alert_engine = start_engine(rules, run.store_path)
+        on_change = alert_engine.bind(run.name, run.project)
     if prometheus_port is not None:
         from runwatch.alerting.exporter import start_exporter
 
@@ -98,4 +101,4 @@ def configure(
 
         exporter = start_exporter(run.store_path, prometheus_port, live_drops=live_drops)
         log.info("runwatch: /metrics on http://127.0.0.1:%d/metrics", exporter.port)
-    return RunAlerting(engine, exporter, on_change)
+    return RunAlerting(alert_engine, exporter, on_change, rules)

@@ -117,6 +117,7 @@ class Run(RunGate):
         keep_metric: Callable[[str], bool] | None = None,
         reference: str | None = None,
         family: Sequence[str] | None = None,
+        live_detection: str | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"run name must be a non-empty str, got {name!r}")
@@ -167,6 +168,7 @@ class Run(RunGate):
                 dcgm=dcgm,
                 dcgm_interval=dcgm_interval,
                 dcgm_hosts=dcgm_hosts,
+                live_detection=live_detection,
             )
         try:
             self._backend = backend if backend is not None else StoreBackend(self.store_path)
@@ -518,6 +520,10 @@ def init(
         ``with run.section("compute"):`` around the rank's own work does the same.
     monitor
         Live detection (default on; a mapping gives metric roles; ``False`` turns it off).
+    live_detection
+        Where it runs: ``"process"`` (default, or ``$RUNWATCH_LIVE_DETECTION``), a child
+        process with the alert engine, which takes no GIL from the training loop and
+        records a crash when this process is killed; ``"thread"``, a thread of this one.
     reference
         ``"RUN"``: judge each loss against that earlier, known-good run's curve in the same
         store, aligned by step, instead of a fit (``runwatch analyze --reference`` on

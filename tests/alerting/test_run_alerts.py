@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -86,3 +91,38 @@ def test_bad_rules_file_fails_init_with_file_and_line(tmp_path: Path) -> None:
         assert str(exc).startswith(f"{rules}:")
     else:
         raise AssertionError("init accepted a bad rules file")
+
+
+def test_a_killed_training_process_sends_a_crash_alert(
+    receiver: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Live detection's process outlives a SIGKILLed training process, records the crash and
+    alerts on it: no other tool here tells anyone that the OOM killer took the run."""
+    rules = tmp_path / "fast.yaml"
+    rules.write_text(FAST)
+    db = tmp_path / "run.db"
+    env = {**os.environ, "RUNWATCH_WEBHOOK_SECRET": receiver.secret}
+    script = (
+        "import sys, runwatch\n"
+        "run = runwatch.init('oom', store=sys.argv[1], webhook=sys.argv[2], alerts=sys.argv[3])\n"
+        "for step in range(100):\n"
+        "    run.log({'loss': 3.0 / (1 + step) ** 0.3}, step=step)\n"
+        "run.flush()\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(db), receiver.url, str(rules)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    child.send_signal(signal.SIGKILL)
+    child.wait(10)
+    assert receiver.wait_for(lambda r: r.received, 30)
+    text = json.dumps(receiver.received[0]["body"])
+    assert receiver.received[0]["body"]["status"] == "firing"
+    assert "crash" in text and f"pid {child.pid}" in text
+    assert receiver.bad_signatures == 0

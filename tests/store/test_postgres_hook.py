@@ -27,18 +27,27 @@ def test_a_run_logs_into_postgresql_with_live_detection(pg_url, caplog):
     assert password not in caplog.text
 
 
-def test_an_in_process_run_owns_its_detection_while_it_runs(pg_url):
-    """A ``runwatch serve`` replica on the same database leaves the run to this process,
-    and could take it over if this process died (tests/server/test_run_ownership.py)."""
+def test_a_runs_live_detection_owns_the_run_while_it_runs(pg_url):
+    """A ``runwatch serve`` replica on the same database leaves the run to the process that
+    detects it (by default the run's child, ``runwatch.live_process``, or this one with
+    ``live_detection="thread"``), and could take it over if that process died
+    (tests/server/test_run_ownership.py)."""
     import os
+    import time
 
     from runwatch.store.run_locks import run_owner
 
-    run = runwatch.init(name="pg-owned", store=pg_url, cpu_wait=False)
-    run.log({"loss": 1.0}, step=0)
-    run.flush()
-    with runwatch.open_store(pg_url, readonly=True) as store:
-        run_id = store.run_id("pg-owned")
-    assert run_owner(pg_url, run_id) == os.getpid()
-    run.finish()
-    assert run_owner(pg_url, run_id) is None
+    for where in ("process", "thread"):
+        name = f"pg-owned-{where}"
+        run = runwatch.init(name=name, store=pg_url, cpu_wait=False, live_detection=where)
+        run.log({"loss": 1.0}, step=0)
+        run.flush()
+        with runwatch.open_store(pg_url, readonly=True) as store:
+            run_id = store.run_id(name)
+        detector = run._extras.process._proc.pid if where == "process" else os.getpid()
+        deadline = time.monotonic() + 30  # the child takes the lock once it has started
+        while run_owner(pg_url, run_id) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert run_owner(pg_url, run_id) == detector
+        run.finish()
+        assert run_owner(pg_url, run_id) is None

@@ -1,0 +1,364 @@
+"""Live detection and alerting in a process of their own, beside the training process.
+
+Detection is Python that runs for every point, and in the training process it takes the GIL
+from the training loop (``bench/README-hook-cadence.md``: about 5 µs per logged step at 1 ms
+steps, of which the writer alone is about 1). So ``runwatch.init`` starts this module as a
+child (``python -m runwatch.live_process``) and the writer's sink only pickles each written
+batch into a pipe: the child runs the same :class:`~runwatch.pipeline.live.LiveDetection`
+and alert engine as the thread did, on the other core, on its own store connection.
+
+The pipe is never allowed to block the writer: its end is non-blocking, what the pipe cannot
+take waits in a buffer, and past ``MAX_PENDING_BYTES`` whole batches are skipped for
+detection (counted and warned about, as a detection thread that falls behind does). The
+child's log records come back through a second pipe and are handled by the parent's
+loggers, so a warning from detection reads as it did. At ``finish`` the parent sends the
+rest and waits, bounded, for the child to judge it and send its alerts. If the training
+process dies first (SIGKILL, the OOM killer), the child notices it has a new parent,
+judges what reached the store, records a ``crash`` event (an incident, and an alert with
+rules), marks the run crashed and exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from runwatch.guard import Guard
+from runwatch.model import Event, SeriesBatch
+
+log = logging.getLogger("runwatch.live_process")
+
+MAX_PENDING_BYTES = 64 << 20
+"""What the writer keeps for a child that reads slower than the run writes (about two
+million points), before it skips batches for detection."""
+PIPE_BYTES = 1 << 20
+"""The pipe's size asked of the kernel (Linux's default ceiling for an unprivileged user)."""
+PARENT_CHECK_S = 0.5
+"""How often the child looks whether the training process is still there."""
+_HEADER = struct.Struct("<I")
+
+
+def frame(message: Any) -> bytes:
+    """One message on a pipe: its length, then its pickle."""
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(body)) + body
+
+
+class FrameReader:
+    """Messages from a file descriptor, as :func:`frame` wrote them."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buffer = bytearray()
+
+    def read(self) -> list[Any] | None:
+        """The messages that one ``os.read`` completes; None at the end of the pipe."""
+        chunk = os.read(self._fd, 1 << 20)
+        if not chunk:
+            return None
+        self._buffer += chunk
+        messages = []
+        while len(self._buffer) >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(self._buffer)
+            end = _HEADER.size + size
+            if len(self._buffer) < end:
+                break
+            messages.append(pickle.loads(self._buffer[_HEADER.size : end]))
+            del self._buffer[:end]
+        return messages
+
+
+# -- the training process's side ----------------------------------------------------------------
+class LiveProcess:
+    """A writer sink that hands batches to live detection in a child process.
+
+    ``setup`` is what the child builds from (see :func:`_serve`): the store, the run, its
+    roles and references, the alert rules' source, and the run's name and project.
+    Raises ``OSError`` when the child cannot be started (the caller detects in a thread).
+    """
+
+    def __init__(self, setup: Mapping[str, Any]) -> None:
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ)
+        # The child imports the runwatch this process runs, wherever it came from.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        self._proc = subprocess.Popen(
+            # -P: not the working directory first, which may hold another runwatch
+            [sys.executable, "-P", "-m", "runwatch.live_process", str(os.getpid())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+        )
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._fd = self._proc.stdin.fileno()
+        try:
+            import fcntl
+
+            fcntl.fcntl(self._fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        except OSError:
+            pass  # the default 64 KiB pipe: the buffer here takes the rest
+        self._pending = bytearray(
+            frame(
+                ("setup", {**setup, "log_level": logging.getLogger("runwatch").getEffectiveLevel()})
+            )
+        )
+        os.set_blocking(self._fd, False)
+        self._lock = threading.Lock()  # the writer thread and finish() both send
+        self._broken = False
+        self.skipped_points = 0
+        self._guard = Guard("handing a batch to live detection", log)
+        self._records = threading.Thread(
+            target=self._forward_records, name="runwatch-detect-log", daemon=True
+        )
+        self._records.start()
+        self._push()
+
+    # -- called from the writer thread --------------------------------------------------------
+    def __call__(self, batch: SeriesBatch, events: list[Event]) -> None:
+        with self._guard, self._lock:
+            if self._broken:
+                return
+            if self._pending and len(self._pending) > MAX_PENDING_BYTES:
+                n = sum(len(series.steps) for series in batch)
+                self.skipped_points += n
+                if self.skipped_points == n:
+                    log.warning(
+                        "runwatch: live detection is %d MB behind; skipping batches "
+                        "(run `runwatch analyze` for the complete answer)",
+                        len(self._pending) >> 20,
+                    )
+                if not events:
+                    return
+                batch = []
+            self._pending += frame(("batch", batch, events))
+            self._push()
+
+    def _push(self) -> None:
+        """Write what the pipe takes now, without waiting."""
+        while self._pending:
+            try:
+                written = os.write(self._fd, self._pending)
+            except BlockingIOError:
+                return
+            except OSError as exc:  # the child is gone
+                self._lost(exc)
+                return
+            del self._pending[:written]
+
+    def _lost(self, exc: BaseException) -> None:
+        self._broken = True
+        self._pending.clear()
+        log.warning(
+            "runwatch: live detection's process ended early (%s, exit code %s); this run "
+            "is no longer judged live (run `runwatch analyze` for the answer)",
+            exc,
+            self._proc.poll(),
+        )
+
+    # -- called from the thread that finishes the run -----------------------------------------
+    def close(self, timeout: float, alert_timeout: float) -> bool:
+        """Send the rest and wait (``timeout`` s, then ``alert_timeout`` s for alerts) for the
+        child to judge it and exit; True if it did."""
+        deadline = time.monotonic() + max(1.0, timeout)
+        with self._lock:
+            if not self._broken:
+                self._pending += frame(("finish", max(1.0, timeout), alert_timeout))
+                self._send_all(deadline)
+            self._proc.stdin.close()  # type: ignore[union-attr]
+        try:
+            self._proc.wait(max(0.0, deadline - time.monotonic()) + alert_timeout + 1.0)
+        except subprocess.TimeoutExpired:
+            log.warning(
+                "runwatch: live detection still busy after %.1f s; stopping it (run "
+                "`runwatch analyze` for the complete answer)",
+                timeout,
+            )
+            self._proc.kill()
+            self._proc.wait()
+        self._records.join(5.0)
+        return self._proc.returncode == 0
+
+    def _send_all(self, deadline: float) -> None:
+        while self._pending and not self._broken:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning("runwatch: live detection did not take the run's last points in time")
+                return
+            select.select([], [self._fd], [], left)
+            self._push()
+
+    def after_fork(self) -> None:
+        """In a forked child (a DataLoader worker) the pipe is the parent's: leave it."""
+        self._broken = True
+
+    # -- the log records thread ---------------------------------------------------------------
+    def _forward_records(self) -> None:
+        """Hand the child's log records to this process's loggers, until the child ends."""
+        assert self._proc.stdout is not None
+        reader = FrameReader(self._proc.stdout.fileno())
+        while True:
+            try:
+                messages = reader.read()
+            except OSError:
+                return
+            if messages is None:
+                return
+            for kind, payload in messages:
+                if kind == "log":
+                    record = logging.makeLogRecord(payload)
+                    logging.getLogger(record.name).handle(record)
+
+
+# -- the child ----------------------------------------------------------------------------------
+class _RecordSender(logging.Handler):
+    """Sends each log record, formatted, to the parent (fd 1); once the parent is gone, to
+    the standard error both share (the job's log)."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd: int | None = fd
+        self._fallback = logging.StreamHandler()
+        self._fallback.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._fd is None:
+            self._fallback.emit(record)
+            return
+        try:
+            fields = dict(record.__dict__)
+            fields["msg"] = record.getMessage()
+            fields["args"] = None
+            if record.exc_info:
+                fields["exc_text"] = logging.Formatter().formatException(record.exc_info)
+            fields["exc_info"] = None
+            data = frame(("log", fields))
+            with self.lock:  # type: ignore[union-attr]
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._fd, view) :]
+        except OSError:
+            self._fd = None
+            self._fallback.emit(record)
+        except Exception:
+            self.handleError(record)
+
+
+def main() -> None:
+    """The child: read the parent's messages from stdin and detect until it finishes or
+    goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the training process
+    parent = int(sys.argv[1])  # may be gone already: this one started slower than it died
+    out = os.dup(1)
+    os.dup2(2, 1)  # a stray print must not corrupt the records pipe
+    handler = _RecordSender(out)
+    root = logging.getLogger("runwatch")
+    root.addHandler(handler)
+    root.propagate = False
+    reader = FrameReader(0)
+    host: _Host | None = None
+    while True:
+        ready, _, _ = select.select([0], [], [], PARENT_CHECK_S)
+        if not ready:
+            if os.getppid() != parent:
+                if host is not None:
+                    host.parent_died(parent)
+                return
+            continue
+        messages = reader.read()
+        if messages is None:  # the parent closed the pipe without finishing: it is gone
+            if host is not None:
+                host.parent_died(parent)
+            return
+        for message in messages:
+            kind = message[0]
+            if kind == "setup":
+                root.setLevel(message[1].pop("log_level"))
+                host = _Host(message[1])
+            elif kind == "batch" and host is not None:
+                host.feed(message[1], message[2])
+            elif kind == "finish" and host is not None:
+                host.close(message[1], message[2])
+                return
+
+
+class _Host:
+    """What the child runs for one run: live detection, and the alert engine it feeds."""
+
+    def __init__(self, setup: Mapping[str, Any]) -> None:
+        from runwatch.alerting.setup import resolve_rules, start_engine
+        from runwatch.pipeline.live import LiveDetection
+        from runwatch.store.run_locks import claim_live_detection
+
+        self._store_path = setup["store_path"]
+        self._run_id = setup["run_id"]
+        owned, self._locks = claim_live_detection(self._store_path, self._run_id)
+        self.detection: LiveDetection | None = None
+        self.engine = None
+        if not owned:
+            return
+        on_change = None
+        if setup["alerts"] is not None:
+            rules = resolve_rules(*setup["alerts"])
+            if rules is not None:
+                self.engine = start_engine(rules, self._store_path)
+                on_change = self.engine.bind(setup["name"], setup["project"])
+        self.detection = LiveDetection(
+            self._store_path,
+            self._run_id,
+            setup["roles"],
+            on_change=on_change,
+            references=setup["references"],
+        )
+
+    def feed(self, batch: SeriesBatch, events: list[Event]) -> None:
+        if self.detection is not None:
+            self.detection(batch, events)
+
+    def close(self, timeout: float, alert_timeout: float) -> None:
+        if self.detection is not None:
+            self.detection.close(timeout)
+        if self._locks is not None:
+            self._locks.close()
+        if self.engine is not None:
+            self.engine.close(alert_timeout)
+
+    def parent_died(self, pid: int) -> None:
+        """The training process ended without finishing the run: judge what it wrote,
+        then record the crash, which forms an incident (and an alert, with rules)."""
+        from runwatch.store import Store
+
+        if self.detection is None:
+            return  # another process owns the run, and judges its end
+        store = Store(self._store_path)
+        try:
+            attempt = max(store.attempt_numbers(self._run_id), default=None)
+            runs = store.runs()
+            last = runs.loc[runs["run_id"] == self._run_id, "last_step"].dropna()
+            crash = Event(
+                "crash",
+                int(last.iloc[0]) if len(last) else None,
+                time.time(),
+                f"the training process (pid {pid}) ended without finishing the run",
+            )
+            store.add_events(self._run_id, attempt, [crash])
+            store.set_run_status(self._run_id, "crashed")
+        finally:
+            store.close()
+        self.feed([], [crash])
+        log.warning("runwatch: %s; run marked crashed", crash.message)
+        self.close(10.0, 10.0)
+
+
+if __name__ == "__main__":
+    main()

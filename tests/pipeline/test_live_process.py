@@ -1,0 +1,167 @@
+"""Live detection in a child process (``runwatch.live_process``): the default place."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import runwatch
+from runwatch.live_process import FrameReader, _RecordSender
+
+CURVE_WITH_FAULTS = [
+    {"loss": 3.0 / (1 + step) ** 0.3 + (4.0 if step == 300 else 0.0), "grad_norm": 1.0}
+    for step in range(600)
+] + [{"loss": float("nan"), "grad_norm": 1.0}]
+
+
+def _children() -> list[str]:
+    """The command lines of this process's children."""
+    pid = os.getpid()
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            for child in f.read().split():
+                with open(f"/proc/{child}/cmdline", "rb") as g:
+                    found.append(g.read().replace(b"\0", b" ").decode())
+    return found
+
+
+def _episodes(db: Path, name: str) -> list[tuple[str, str, int, str]]:
+    with runwatch.open_store(db) as store:
+        frame = store.anomalies(name)
+    columns = (frame["detector"], frame["metric"], frame["start_step"].astype(int))
+    return sorted(zip(*columns, frame["severity"], strict=True))
+
+
+def _log_all(run: Any) -> None:
+    for step, data in enumerate(CURVE_WITH_FAULTS):
+        run.log(data, step=step)
+
+
+def test_default_run_detects_in_a_child_process_and_finds_what_a_thread_finds(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "run.db"
+    # No CPU-wait series: whether this busy machine made the two runs wait is not the point.
+    run = runwatch.init("child", store=db, cpu_wait=False)
+    assert any("runwatch.live_process" in cmd for cmd in _children())
+    _log_all(run)
+    run.finish()
+    assert not any("runwatch.live_process" in cmd for cmd in _children())  # it exited
+    assert "runwatch-detect" not in {t.name for t in threading.enumerate()}
+    with runwatch.init("thread", store=db, live_detection="thread", cpu_wait=False) as run:
+        _log_all(run)
+    found = _episodes(db, "child")
+    assert ("spike", "loss", 300) in {episode[:3] for episode in found}
+    assert ("nonfinite", "loss", 600, "critical") in found
+    assert found == _episodes(db, "thread")
+
+
+def test_the_environment_chooses_a_thread_and_a_bad_place_is_refused(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    monkeypatch.setenv("RUNWATCH_LIVE_DETECTION", "thread")
+    with runwatch.init("env", store=tmp_path / "run.db") as run:
+        assert not any("runwatch.live_process" in cmd for cmd in _children())
+        run.log({"loss": float("nan")}, step=0)
+    assert _episodes(tmp_path / "run.db", "env") == [("nonfinite", "loss", 0, "critical")]
+    with pytest.raises(ValueError, match=r"live_detection='gpu'.*process, thread"):
+        runwatch.init("bad", store=tmp_path / "run.db", live_detection="gpu")
+    with runwatch.open_store(tmp_path / "run.db") as store:
+        assert "bad" not in set(store.runs()["name"])  # refused before anything is written
+
+
+def test_a_child_that_cannot_start_leaves_detection_in_a_thread(
+    tmp_path: Path, monkeypatch: Any, caplog: Any
+) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
+    with (
+        caplog.at_level(logging.WARNING, "runwatch"),
+        runwatch.init("fallback", store=tmp_path / "run.db") as run,
+    ):
+        run.log({"loss": float("nan")}, step=0)
+    assert "cannot start live detection's process" in caplog.text
+    assert _episodes(tmp_path / "run.db", "fallback") == [("nonfinite", "loss", 0, "critical")]
+
+
+def test_log_records_of_the_child_reach_the_parents_loggers(caplog: Any) -> None:
+    read_end, write_end = os.pipe()
+    sender = _RecordSender(write_end)
+    child_log = logging.getLogger("runwatch.pipeline.live")
+    record = child_log.makeRecord(
+        child_log.name, logging.WARNING, "live.py", 1, "behind by %d points", (5,), None
+    )
+    sender.handle(record)
+    os.close(write_end)
+    reader = FrameReader(read_end)
+    messages = reader.read()
+    assert reader.read() is None
+    os.close(read_end)
+    assert [kind for kind, _ in messages] == ["log"]
+    with caplog.at_level(logging.WARNING, "runwatch"):
+        received = logging.makeLogRecord(messages[0][1])
+        logging.getLogger(received.name).handle(received)
+    assert ("runwatch.pipeline.live", logging.WARNING, "behind by 5 points") in caplog.record_tuples
+
+
+def test_a_killed_training_process_is_recorded_as_a_crash(tmp_path: Path) -> None:
+    db = tmp_path / "run.db"
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                """
+                import sys, runwatch
+                run = runwatch.init(name="killed", store=sys.argv[1])
+                for step in range(300):
+                    run.log({"loss": 3.0 / (1 + step) ** 0.3}, step=step)
+                run.flush()
+                print("ready", flush=True)
+                sys.stdin.read()
+                """
+            ),
+            str(db),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    with open(f"/proc/{child.pid}/task/{child.pid}/children") as f:
+        detector = [int(pid) for pid in f.read().split()]
+    assert len(detector) == 1
+    child.send_signal(signal.SIGKILL)
+    child.wait(10)
+    _wait_gone(detector[0], 30)
+    with runwatch.open_store(db) as store:
+        assert store.runs().set_index("name").loc["killed", "status"] == "crashed"
+        crash = store.events("killed", kinds=["crash"]).iloc[0]
+        assert f"pid {child.pid}" in crash["message"] and crash["step"] == 299
+        incidents = store.incidents("killed")
+    assert len(incidents) == 1 and incidents.iloc[0]["severity"] == "critical"
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    """Wait for a process that is not our child to exit."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ")[1].startswith("Z"):
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} still running after {timeout} s")
