@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from runwatch.guard import Guard
-from runwatch.model import Event, SeriesBatch
+from runwatch.model import Event, SeriesBatch, SeriesPoints
 
 log = logging.getLogger("runwatch.live_process")
 
@@ -45,6 +45,8 @@ PIPE_BYTES = 1 << 20
 """The pipe's size asked of the kernel (Linux's default ceiling for an unprivileged user)."""
 PARENT_CHECK_S = 0.5
 """How often the child looks whether the training process is still there."""
+NICE = 10
+"""The child's niceness above the training process's: about a tenth of a CPU's weight."""
 _HEADER = struct.Struct("<I")
 
 
@@ -76,6 +78,25 @@ class FrameReader:
             messages.append(pickle.loads(self._buffer[_HEADER.size : end]))
             del self._buffer[:end]
         return messages
+
+
+def _flat(batch: SeriesBatch) -> list[tuple[Any, ...]]:
+    """A batch as bytes and dtypes: pickling NumPy arrays themselves costs ten times as much
+    (the writer does this holding the GIL)."""
+    return [
+        (s.metric, s.labels, *((a.dtype.str, a.tobytes()) for a in (s.steps, s.times, s.values)))
+        for s in batch
+    ]
+
+
+def _arrays(flat: list[tuple[Any, ...]]) -> SeriesBatch:
+    """The batch :func:`_flat` sent."""
+    import numpy as np
+
+    return [
+        SeriesPoints(metric, labels, *(np.frombuffer(data, dtype) for dtype, data in columns))
+        for metric, labels, *columns in flat
+    ]
 
 
 # -- the training process's side ----------------------------------------------------------------
@@ -141,7 +162,7 @@ class LiveProcess:
                 if not events:
                     return
                 batch = []
-            self._pending += frame(("batch", batch, events))
+            self._pending += frame(("batch", _flat(batch), events))
             self._push()
 
     def _push(self) -> None:
@@ -258,6 +279,9 @@ def main() -> None:
     """The child: read the parent's messages from stdin and detect until it finishes or
     goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the training process
+    # Behind the training process for a CPU: when it wants one (its writer thread holding
+    # the GIL the loop waits for, a DataLoader worker), detection waits instead.
+    os.nice(NICE)
     parent = int(sys.argv[1])  # may be gone already: this one started slower than it died
     out = os.dup(1)
     os.dup2(2, 1)  # a stray print must not corrupt the records pipe
@@ -286,7 +310,7 @@ def main() -> None:
                 root.setLevel(message[1].pop("log_level"))
                 host = _Host(message[1])
             elif kind == "batch" and host is not None:
-                host.feed(message[1], message[2])
+                host.feed(_arrays(message[1]), message[2])
             elif kind == "finish" and host is not None:
                 host.close(message[1], message[2])
                 return
