@@ -104,7 +104,8 @@ def schedstat(tid: int | None = None) -> tuple[float, float]:
 
 
 CHILD = "live detection process (a child; takes no GIL)"
-THREAD = "run.log, live detection in a thread (as before)"
+IN_THREAD = "this change, detection in a thread"
+"""A version: this checkout with ``RUNWATCH_LIVE_DETECTION=thread`` (the place before)."""
 
 
 def background_cpu() -> dict[str, float]:
@@ -158,17 +159,6 @@ def child_runwatch(src: str, steps: dict[str, int], blocks: int, block_steps: in
 
     tmp = tempfile.mkdtemp(prefix="hook_cadence_")
     run = runwatch.init(name="cadence", store=os.path.join(tmp, "runwatch.db"))
-    # Since 2026-11-27 live detection runs in a child process by default; a second run
-    # with it in a thread, as before, is measured in the same blocks of the GIL loop.
-    import inspect
-
-    in_thread = None
-    if "live_detection" in inspect.signature(runwatch.hook.run.Run.__init__).parameters:
-        in_thread = runwatch.init(
-            name="cadence-thread",
-            store=os.path.join(tmp, "runwatch.db"),
-            live_detection="thread",
-        )
     # Both integrations wrap this run: one writer thread for the process, as in training.
     callback = RunwatchCallback()
     callback.run = run
@@ -232,14 +222,7 @@ def child_runwatch(src: str, steps: dict[str, int], blocks: int, block_steps: in
         bare.get_nowait()
     # Wall time added per step to a GIL-holding loop.
     n_work = calibrate_work()
-    kinds: tuple[str, ...] = ("run.log", "bare put")
-    if in_thread is not None:
-
-        def c_thread(d: dict[str, float]) -> None:
-            in_thread.log(d, step=step[0])
-
-        contenders[THREAD] = c_thread
-        kinds = ("run.log", THREAD, "bare put")
+    kinds = ("run.log", "bare put")
     added: dict[str, list[float]] = {k: [] for k in kinds}
     held: dict[str, list[float]] = {k: [] for k in kinds}
     behind: dict[str, list[float]] = {k: [] for k in kinds}
@@ -304,8 +287,6 @@ def child_runwatch(src: str, steps: dict[str, int], blocks: int, block_steps: in
     work(n_work)
     out["step ms"] = (time.perf_counter() - t) * 1e3
     run.finish()
-    if in_thread is not None:
-        in_thread.finish()
     return out
 
 
@@ -351,9 +332,10 @@ def child_anchor(which: str, steps: int) -> dict:
     return {"name": version, **{k: stats_us(v) for k, v in ns.items()}}
 
 
-def spawn(args: list[str]) -> dict | None:
+def spawn(args: list[str], env_extra: dict[str, str] | None = None) -> dict | None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWATCH_")}
     env["PYTHONWARNINGS"] = "ignore"
+    env.update(env_extra or {})
     proc = subprocess.run(
         [sys.executable, __file__, *args], capture_output=True, text=True, env=env, timeout=600
     )
@@ -419,8 +401,8 @@ def report(results: dict[str, list[dict]], anchors: dict[str, list[dict]], args:
         lines += ["", f"| {title} | version | median over blocks µs | blocks (each repeat) |"]
         lines.append("|---|---|---|---|")
         for version, runs in results.items():
-            for name in ("run.log", THREAD, "bare put"):
-                if any(key not in r or name not in r[key] for r in runs):
+            for name in ("run.log", "bare put"):
+                if any(key not in r for r in runs):
                     continue  # a result file from before this measure
                 meds = [r[key][name]["median"] for r in runs]
                 every = "; ".join(
@@ -483,7 +465,7 @@ def main() -> None:
     if args.child in ("wandb", "tensorboardX"):
         print(json.dumps(child_anchor(args.child, int(200 * scale))))
         return
-    versions = {"this change": str(HERE.parent)}
+    versions = {"this change": str(HERE.parent), IN_THREAD: str(HERE.parent)}
     if Path(args.before, "runwatch").is_dir():
         versions["before"] = args.before
     else:
@@ -505,7 +487,8 @@ def main() -> None:
                     "--blocks",
                     str(args.blocks),
                 ]
-                + (["--quick"] if args.quick else [])
+                + (["--quick"] if args.quick else []),
+                {"RUNWATCH_LIVE_DETECTION": "thread"} if version == IN_THREAD else None,
             )
             if got is not None:
                 results[version].append(got)
