@@ -70,7 +70,12 @@ class Attached:
         self.dcgm: Any = None
 
     def start(
-        self, run: Any, run_id: int, store_path: str, embedded: bool
+        self,
+        run: Any,
+        run_id: int,
+        store_path: str,
+        embedded: bool,
+        writer: Mapping[str, Any] | None = None,
     ) -> Callable[[SeriesBatch, list[Event]], None] | None:
         """Start alerting and live detection for ``run`` (stored as ``run_id``); return the
         writer's sink (None: nothing to feed). A bad rules file raises here.
@@ -84,7 +89,7 @@ class Attached:
         if detect and self._where == "process":
             self.alerting = configure(run, **self._alert_options, engine=False)
             try:
-                self.process = self._start_process(run, run_id, store_path)
+                self.process = self._start_process(run, run_id, store_path, writer)
                 return self.process
             except OSError as exc:
                 log.warning(
@@ -111,7 +116,9 @@ class Attached:
                 )
         return self.detection
 
-    def _start_process(self, run: Any, run_id: int, store_path: str) -> LiveProcess:
+    def _start_process(
+        self, run: Any, run_id: int, store_path: str, writer: Mapping[str, Any] | None
+    ) -> LiveProcess:
         from runwatch.live_process import LiveProcess
 
         options = self._alert_options
@@ -125,7 +132,9 @@ class Attached:
                 "roles": self._roles,
                 "references": self._references,
                 "alerts": (options["alerts"], options["webhook"]) if with_rules else None,
-            }
+                "writer": writer,
+            },
+            run._drops,
         )
 
     def start_sampler(self, run: Any) -> None:

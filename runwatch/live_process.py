@@ -39,8 +39,8 @@ from runwatch.model import Event, SeriesBatch, SeriesPoints
 log = logging.getLogger("runwatch.live_process")
 
 MAX_PENDING_BYTES = 64 << 20
-"""What the writer keeps for a child that reads slower than the run writes (about two
-million points), before it skips batches for detection."""
+"""What the training process keeps for a child that reads slower than the run logs (about
+two million points), before it skips batches for detection or drops points (counted)."""
 PIPE_BYTES = 1 << 20
 """The pipe's size asked of the kernel (Linux's default ceiling for an unprivileged user)."""
 PARENT_CHECK_S = 0.5
@@ -108,7 +108,7 @@ class LiveProcess:
     Raises ``OSError`` when the child cannot be started (the caller detects in a thread).
     """
 
-    def __init__(self, setup: Mapping[str, Any]) -> None:
+    def __init__(self, setup: Mapping[str, Any], drops: Any = None) -> None:
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ)
         # The child imports the runwatch this process runs, wherever it came from.
@@ -137,6 +137,10 @@ class LiveProcess:
         os.set_blocking(self._fd, False)
         self._lock = threading.Lock()  # the writer thread and finish() both send
         self._broken = False
+        self._drops = drops
+        self._token = 0
+        self._answers: dict[int, list[Any]] = {}
+        self.final: dict[str, Any] | None = None  # the writer's counters at its end
         self.skipped_points = 0
         self._guard = Guard("handing a batch to live detection", log)
         self._records = threading.Thread(
@@ -164,6 +168,39 @@ class LiveProcess:
                 batch = []
             self._pending += frame(("batch", _flat(batch), events))
             self._push()
+
+    def send_items(self, data: bytes, points: int) -> None:
+        """One drain of the run's queue, pickled (``runwatch.hook.forward``)."""
+        with self._lock:
+            if self._broken:
+                self._drops.add("worker_dead", points)
+                return
+            if len(self._pending) > MAX_PENDING_BYTES:
+                self._drops.add("queue_full", points)
+                self._drops.warn_once(
+                    "child behind",
+                    "runwatch: the writer in live detection's process is %d MB behind; "
+                    "dropping points (counted as queue_full)",
+                    len(self._pending) >> 20,
+                )
+                return
+            self._pending += frame(("items", data))
+            self._push()
+
+    def sync(self, timeout: float) -> dict[str, Any] | None:
+        """Wait until the child's writer stored all that was sent; its counters, or None
+        after ``timeout`` s (or when the child is gone)."""
+        deadline = time.monotonic() + timeout
+        answer: list[Any] = [threading.Event(), None]
+        with self._lock:
+            if self._broken:
+                return None
+            self._token += 1
+            self._answers[self._token] = answer
+            self._pending += frame(("sync", self._token, timeout))
+            self._send_all(deadline)
+        answer[0].wait(max(0.0, deadline - time.monotonic()))
+        return answer[1]
 
     def _push(self) -> None:
         """Write what the pipe takes now, without waiting."""
@@ -198,7 +235,9 @@ class LiveProcess:
                 self._send_all(deadline)
             self._proc.stdin.close()  # type: ignore[union-attr]
         try:
-            self._proc.wait(max(0.0, deadline - time.monotonic()) + alert_timeout + 1.0)
+            # the child's writer, then its detection, each within ``timeout``, then alerts
+            left = max(0.0, deadline - time.monotonic()) + max(1.0, timeout)
+            self._proc.wait(left + alert_timeout + 1.0)
         except subprocess.TimeoutExpired:
             log.warning(
                 "runwatch: live detection still busy after %.1f s; stopping it (run "
@@ -234,11 +273,21 @@ class LiveProcess:
             except OSError:
                 return
             if messages is None:
+                for answer in self._answers.values():
+                    answer[0].set()
                 return
-            for kind, payload in messages:
+            for message in messages:
+                kind = message[0]
                 if kind == "log":
-                    record = logging.makeLogRecord(payload)
+                    record = logging.makeLogRecord(message[1])
                     logging.getLogger(record.name).handle(record)
+                elif kind == "synced":
+                    answer = self._answers.pop(message[1], None)
+                    if answer is not None:
+                        answer[1] = message[2]
+                        answer[0].set()
+                elif kind == "finished":
+                    self.final = message[1]
 
 
 # -- the child ----------------------------------------------------------------------------------
@@ -263,16 +312,22 @@ class _RecordSender(logging.Handler):
             if record.exc_info:
                 fields["exc_text"] = logging.Formatter().formatException(record.exc_info)
             fields["exc_info"] = None
-            data = frame(("log", fields))
-            with self.lock:  # type: ignore[union-attr]
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(self._fd, view) :]
+            self.send(("log", fields))
         except OSError:
             self._fd = None
             self._fallback.emit(record)
         except Exception:
             self.handleError(record)
+
+    def send(self, message: Any) -> None:
+        """Any message to the parent (an answer to ``sync``, the last counters)."""
+        if self._fd is None:
+            return
+        data = frame(message)
+        with self.lock:  # type: ignore[union-attr]
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
 
 
 def main() -> None:
@@ -307,12 +362,21 @@ def main() -> None:
         for message in messages:
             kind = message[0]
             if kind == "setup":
-                root.setLevel(message[1].pop("log_level"))
-                host = _Host(message[1])
+                setup = message[1]
+                root.setLevel(setup.pop("log_level"))
+                host = _Host(setup)
+                if setup.get("writer") is not None:
+                    host.start_writer(setup["writer"], parent)
             elif kind == "batch" and host is not None:
                 host.feed(_arrays(message[1]), message[2])
+            elif kind == "items" and host is not None:
+                host.take(message[1])
+            elif kind == "sync" and host is not None:
+                host.flush(message[2])
+                handler.send(("synced", message[1], host.counters()))
             elif kind == "finish" and host is not None:
                 host.close(message[1], message[2])
+                handler.send(("finished", host.counters()))
                 return
 
 
@@ -328,6 +392,8 @@ class _Host:
         self._run_id = setup["run_id"]
         owned, self._locks = claim_live_detection(self._store_path, self._run_id)
         self.detection: LiveDetection | None = None
+        self.writer: Any = None
+        self._writer_closed = False
         self.engine = None
         if not owned:
             return
@@ -345,11 +411,66 @@ class _Host:
             references=setup["references"],
         )
 
+    def start_writer(self, setup: Mapping[str, Any], parent: int) -> None:
+        """The run's writer, here rather than in the training process (its items come
+        through ``take``): the store, and live detection as its sink."""
+        from runwatch.hook._log_gate import Flow
+        from runwatch.hook.backend import StoreBackend
+        from runwatch.hook.cpu_wait import CpuWait
+        from runwatch.hook.drops import DropCounter
+        from runwatch.hook.writer import Writer
+
+        backend = StoreBackend(self._store_path)
+        backend.run_id = self._run_id
+        self._flow = Flow()
+        self.writer = Writer(
+            backend=backend,
+            attempt=setup["attempt"],
+            labels=setup["labels"],
+            keep_metric=setup["keep_metric"],
+            flow=self._flow,
+            drops=DropCounter(),
+            flush_interval=setup["flush_interval"],
+            retries=setup["retries"],
+            sink=self.detection,
+            cpu_wait=CpuWait.open(parent) if setup["cpu_wait"] else None,
+        )
+        self._backend = backend
+        self.writer.worker.start()
+
+    def take(self, data: bytes) -> None:
+        """One drain of the training process's queue, as it was queued."""
+        items = pickle.loads(data)
+        points = sum(len(item[2]) if type(item) is tuple else 1 for item in items)
+        self._flow.add_queued(points)
+        put = self.writer.worker.put
+        for item in items:
+            put(item)
+
+    def flush(self, timeout: float) -> None:
+        self.writer.worker.flush(timeout)
+
+    def counters(self) -> dict[str, Any]:
+        """What the training process's ``run.stats()`` and ``finish`` need of the writer."""
+        return {
+            "written": self._flow.written,
+            "dropped": self.writer._drops.snapshot(),
+            "attempt": self.writer.attempt,
+            "last_step": self.writer.last_step,
+        }
+
     def feed(self, batch: SeriesBatch, events: list[Event]) -> None:
         if self.detection is not None:
             self.detection(batch, events)
 
+    def _close_writer(self, timeout: float) -> None:
+        if self.writer is not None and not self._writer_closed:
+            self._writer_closed = True
+            self.writer.worker.close(timeout)
+            self._backend.store.close()
+
     def close(self, timeout: float, alert_timeout: float) -> None:
+        self._close_writer(timeout)
         if self.detection is not None:
             self.detection.close(timeout)
         if self._locks is not None:
@@ -362,6 +483,7 @@ class _Host:
         then record the crash, which forms an incident (and an alert, with rules)."""
         from runwatch.store import Store
 
+        self._close_writer(10.0)
         if self.detection is None:
             return  # another process owns the run, and judges its end
         store = Store(self._store_path)

@@ -38,6 +38,7 @@ class DropCounter:
 
     def __init__(self) -> None:
         self._counts: dict[str, int] = {}
+        self._remote: dict[str, int] = {}  # counted by the writer in another process
         self._warned: set[str] = set()
         self._lock = threading.Lock()
 
@@ -53,10 +54,17 @@ class DropCounter:
             self._warned.add(key)
         log.warning(message, *args)
 
+    def set_remote(self, counts: dict[str, int]) -> None:
+        """The counts of the run's writer in live detection's process, as it last said."""
+        with self._lock:
+            self._remote = dict(counts)
+
     def snapshot(self) -> dict[str, int]:
         with self._lock:
-            return dict(self._counts)
+            merged = dict(self._counts)
+            for reason, n in self._remote.items():
+                merged[reason] = merged.get(reason, 0) + n
+            return merged
 
     def total(self) -> int:
-        with self._lock:
-            return sum(self._counts.values())
+        return sum(self.snapshot().values())

@@ -33,9 +33,10 @@ from runwatch.hook._log_gate import Flow, RunGate
 from runwatch.hook.backend import Backend, ReferenceRefused, StoreBackend
 from runwatch.hook.cpu_wait import CpuWait
 from runwatch.hook.drops import DROP_REASONS, DropCounter
+from runwatch.hook.forward import Forwarder
 from runwatch.hook.ranks import RankPolicy, rank_info, rank_labels
 from runwatch.hook.transport import HttpBackend, make_backend_from_env
-from runwatch.hook.writer import ContextUpdate, Writer
+from runwatch.hook.writer import MAX_DRAIN_INTERVAL_S, ContextUpdate, Writer
 from runwatch.model import EVENT_KINDS, Event, SeriesBatch
 from runwatch.store import DEFAULT_STORE, RunExistsError, store_label
 
@@ -69,7 +70,12 @@ class Extras(Protocol):
     """
 
     def start(
-        self, run: Run, run_id: int, store_path: str, embedded: bool
+        self,
+        run: Run,
+        run_id: int,
+        store_path: str,
+        embedded: bool,
+        writer: Mapping[str, Any] | None = None,
     ) -> Callable[[SeriesBatch, list[Event]], None] | None: ...
     def start_sampler(self, run: Run) -> None: ...
     def stop_sampler(self) -> None: ...
@@ -195,20 +201,44 @@ class Run(RunGate):
         # The writer's clock: a local store has the points within 0.1 s; a server keeps
         # the request rate it had (hundreds of ranks post to one server).
         default_interval = EMBEDDED_FLUSH_S if embedded else SERVER_FLUSH_S
+        interval = flush_interval if flush_interval is not None else default_interval
+        # With a local store the writer can run in live detection's process; what it needs
+        # goes there (``runwatch.hook.forward``).
+        writer_setup = {
+            "attempt": attempt,
+            "labels": dict(labels or {}),
+            "keep_metric": keep_metric,
+            "flush_interval": interval,
+            "retries": store_retries,
+            "cpu_wait": cpu_wait,
+        }
         if self._extras is not None:
-            sink = self._extras.start(self, self.run_id, self.store_path, embedded)
-        self._writer = Writer(
-            backend=self._backend,
-            attempt=attempt,
-            labels=dict(labels or {}),
-            keep_metric=keep_metric,
-            flow=self._flow,
-            drops=self._drops,
-            flush_interval=flush_interval if flush_interval is not None else default_interval,
-            retries=store_retries,
-            sink=sink,
-            cpu_wait=CpuWait.open() if cpu_wait else None,
-        )
+            sink = self._extras.start(
+                self, self.run_id, self.store_path, embedded, writer_setup if embedded else None
+            )
+        if hasattr(sink, "send_items"):
+            self._writer = Forwarder(
+                sink,
+                flow=self._flow,
+                drops=self._drops,
+                attempt=attempt,
+                flush_interval=interval,
+                max_interval=MAX_DRAIN_INTERVAL_S,
+                flush_timeout=lambda: self._finish_timeout,
+            )
+        else:
+            self._writer = Writer(
+                backend=self._backend,
+                attempt=attempt,
+                labels=dict(labels or {}),
+                keep_metric=keep_metric,
+                flow=self._flow,
+                drops=self._drops,
+                flush_interval=interval,
+                retries=store_retries,
+                sink=sink,
+                cpu_wait=CpuWait.open() if cpu_wait else None,
+            )
         # The hot path puts straight on the writer's queue: run.log bounds and counts itself.
         self._put = self._writer.worker.put
         self._wake = self._writer.worker.wake
@@ -425,6 +455,8 @@ class Run(RunGate):
             )
         if self._extras is not None:  # bounded waits for detection and pending alerts
             self._extras.close(timeout - (time.monotonic() - started), self._alert_timeout)
+        if isinstance(writer, Forwarder):
+            writer.settle()
         self._close_backend(status)
         if _current is self:
             _current = None

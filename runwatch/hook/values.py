@@ -22,6 +22,19 @@ class RefusedValue(ValueError):
         self.kind = kind
 
 
+class Refused:
+    """A value already read and refused in the training process (``runwatch.hook.forward``
+    sends this in its place): :func:`to_float` refuses it with the same ``kind``."""
+
+    __slots__ = ("kind",)
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __reduce__(self) -> tuple[type, tuple[str]]:
+        return Refused, (self.kind,)
+
+
 def name_problem(name: object) -> str | None:
     """Why ``name`` cannot be a metric name, or None when it can.
 
@@ -61,6 +74,8 @@ def to_float(value: object) -> float:
         return value  # type: ignore[return-value]
     if kind is int or kind is bool:
         return _int_to_float(value)  # type: ignore[arg-type]
+    if kind is Refused:
+        raise RefusedValue(value.kind)  # type: ignore[attr-defined]
     if isinstance(value, (str, bytes, bytearray)):
         raise RefusedValue(kind.__name__)
     if isinstance(value, numbers.Real):  # NumPy scalars, Fraction, Decimal-like

@@ -42,7 +42,9 @@ def test_followed_items_are_stored_with_their_own_times_off_the_training_thread(
     loss = _series(db_path, "r", "loss")
     assert loss["step"].tolist() == [1, 2, 3, 4, 5, 9]  # the last one read at finish
     assert loss["time"].tolist() == [1001.0, 1002.0, 1003.0, 1004.0, 1005.0, 1009.0]
-    assert source.threads == {"runwatch-writer"}
+    # read by the thread that drains the run's queue (it forwards to the writer in live
+    # detection's process by default), never by the training thread
+    assert source.threads == {"runwatch-forward"}
 
 
 def test_a_failing_source_loses_nothing_logged_and_the_run_goes_on(db_path, caplog):

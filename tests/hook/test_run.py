@@ -235,7 +235,10 @@ def test_locked_store_costs_no_crash_and_counts_drops(db_path, caplog):
 )
 def test_read_only_or_full_store_costs_no_crash(db_path, caplog, pragma, error):
     caplog.set_level(logging.WARNING, logger="runwatch")
-    run = runwatch.init(name="r", store=db_path, store_retries=0)
+    # The writer in this process (live_detection="thread"), so that the test can reach its
+    # connection; in live detection's process it is the same Writer, and the locked and
+    # deleted store tests reach it there.
+    run = runwatch.init(name="r", store=db_path, store_retries=0, live_detection="thread")
     run.log({"loss": 1.0}, step=0)
     run.flush()
     # a real SQLite read-only / disk-full condition on the writer's own connection

@@ -1,0 +1,193 @@
+"""The training process's side of a run whose writer runs in live detection's process.
+
+The writer's Python (checking values, building columns, the store's statements, each a GIL
+hand-over) took the GIL from the training loop at every drain (``bench/README-hook-cadence.md``).
+Here the run's queue is still drained on the writer's clock (:class:`~runwatch.hook.drain.Drain`),
+but a drain only pickles what was queued, as it was queued, and writes it to the child's
+pipe: one C call and one system call. The child runs the :class:`~runwatch.hook.writer.Writer`,
+the store and live detection. ``flush()`` and ``finish()`` wait for the child to say the
+points are stored; drops it counts come back with that answer.
+
+A value with ``.item()`` (a tensor, a NumPy number) is read here, on this thread, as the
+writer would read it; one that pickle cannot take is sent refused, so the writer counts it
+as it counts any value that is not a number.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import pickle
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from runwatch.hook._log_gate import Flow
+from runwatch.hook.drain import Drain
+from runwatch.hook.drops import DropCounter
+from runwatch.hook.values import Refused, RefusedValue, to_float
+from runwatch.hook.writer import ContextUpdate
+
+log = logging.getLogger("runwatch.hook")
+
+
+class Channel(Protocol):
+    """The pipe to the child (``runwatch.live_process.LiveProcess``)."""
+
+    def send_items(self, data: bytes, points: int) -> None:
+        """Queue one drain's items (their pickle) for the child; never blocks."""
+        ...
+
+    final: dict[str, Any] | None
+    """The counters the child sent as it finished."""
+
+    def sync(self, timeout: float) -> dict[str, Any] | None:
+        """Wait until the child stored everything sent; its counters (``written``,
+        ``dropped``, ``attempt``, ``last_step``), or None after ``timeout``."""
+        ...
+
+
+class Forwarder:
+    """Stands where the :class:`~runwatch.hook.writer.Writer` stands for a ``Run``: it has
+    a ``worker`` (the drain thread), ``attempt``, ``last_step`` and ``follow``."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        *,
+        flow: Flow,
+        drops: DropCounter,
+        attempt: int,
+        flush_interval: float,
+        max_interval: float,
+        flush_timeout: Callable[[], float],
+    ) -> None:
+        self._channel = channel
+        self._flow = flow
+        self._drops = drops
+        self._flush_timeout = flush_timeout
+        self.attempt = attempt
+        self.last_step: int | None = None
+        self._items: list[Any] = []
+        self._points = 0
+        self._sources: list[Callable[[], list[Any]]] = []
+        self.worker = Drain(
+            "runwatch-forward",
+            self._take,
+            tick=self._send,
+            flush=self._sync,
+            interval=flush_interval,
+            max_interval=max_interval,
+            on_stop=self._send,
+            drops=drops,
+            backlog=lambda: flow.queued - flow.written,
+            unit="points",
+            logger=log,
+        )
+
+    def follow(self, source: Callable[[], list[Any]]) -> None:
+        """As ``Writer.follow``: ``source()``'s items are taken at every drain."""
+        self._sources.append(source)
+        self.worker.pull = self._pull
+
+    def _pull(self) -> list[Any]:
+        items: list[Any] = []
+        for source in self._sources:
+            items.extend(source())
+        if items:
+            self._flow.add_queued(sum(len(item[2]) for item in items))
+        return items
+
+    def _take(self, items: list[Any]) -> bool:
+        points = sum(len(item[2]) if type(item) is tuple else 1 for item in items)
+        self._flow.drained += points
+        self._points += points
+        self._items.extend(items)
+        return len(self._items) >= 65_536
+
+    def _send(self) -> None:
+        items, self._items = self._items, []
+        points, self._points = self._points, 0
+        if not items:
+            return
+        try:
+            data = _dumps(items)
+        except Exception:  # something pickle cannot take: item by item, refusing it
+            data = _dumps([_sendable(item) for item in items])
+        self._channel.send_items(data, points)
+
+    def _sync(self) -> None:
+        """At ``flush()``: send, then wait for the child to have stored it all."""
+        self._send()
+        counters = self._channel.sync(self._flush_timeout())
+        if counters is not None:
+            self._apply(counters)
+
+    def settle(self) -> None:
+        """After the child finished: its writer's last counters."""
+        counters = self._channel.final
+        if counters is not None:
+            self._apply(counters)
+
+    def _apply(self, counters: dict[str, Any]) -> None:
+        self._flow.written = counters["written"]
+        self.attempt = counters["attempt"]
+        self.last_step = counters["last_step"]
+        self._drops.set_remote(counters["dropped"])
+
+
+class _Pickler(pickle.Pickler):
+    """Pickles plain items at C speed (``reducer_override`` is not asked about ints, floats,
+    strs, dicts and tuples); a value with ``.item()`` (a tensor, a NumPy number) is read
+    here, so the child never imports torch or touches a GPU."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        item = getattr(obj, "item", None)
+        if not callable(item):
+            return NotImplemented
+        try:
+            number = to_float(obj)  # refuses what the writer would refuse, by its kind
+        except RefusedValue as refused:
+            return Refused, (refused.kind,)
+        inner = item()  # an int stays an int: it may be a step
+        return (int, (inner,)) if type(inner) is int else (float, (number,))
+
+
+def _dumps(items: list[Any]) -> bytes:
+    out = io.BytesIO()
+    _Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(items)
+    return out.getvalue()
+
+
+def _sendable(item: Any) -> Any:
+    """``item`` if it pickles; else a ``run.log`` item with the values that do not pickle
+    refused, or the item's type name (refused by the writer as an unknown item)."""
+    try:
+        _dumps([item])
+        return item
+    except Exception:
+        pass
+    if type(item) is tuple and len(item) >= 3 and type(item[2]) is dict:
+        return (*item[:2], _refusing(item[2]), *item[3:])
+    if type(item) is ContextUpdate:
+        update = ContextUpdate()
+        update.time = item.time
+        update.values = _refusing(item.values) if type(item.values) is dict else item.values
+        update.log = _sendable(item.log) if item.log is not None else None
+        return update if _pickles(update) else None
+    return None  # an event whose attributes do not pickle: not sent
+
+
+def _refusing(values: dict[Any, Any]) -> dict[Any, Any]:
+    """``values`` with each value that does not pickle refused."""
+    return {
+        key: value if _pickles(value) else Refused(type(value).__name__)
+        for key, value in values.items()
+    }
+
+
+def _pickles(value: Any) -> bool:
+    try:
+        _dumps([value])
+        return True
+    except Exception:
+        return False
