@@ -446,6 +446,7 @@ class _Host:
         put = self.writer.worker.put
         for item in items:
             put(item)
+        self.writer.worker.wake()  # written now: the forward thread kept to the clock
 
     def flush(self, timeout: float) -> None:
         self.writer.worker.flush(timeout)

@@ -8,9 +8,11 @@ call, five times the budget). No thread waits on that deque: the writer drains i
 (``runwatch.hook.drain``), so a call never wakes a thread that would then take the GIL from
 the training loop. Only a backlog past half the bound wakes the writer early. It never blocks
 and never raises into the training loop: a full queue, a finished run or a forked child count
-the call as dropped, by reason. Values are checked in the
-writer thread, so a tensor is read there (``.item()``) -- log ``loss.detach()`` rather than a
-tensor you update in place.
+the call as dropped, by reason. Values are read off the training
+thread (a tensor's ``.item()``) -- log ``loss.detach()`` rather than a tensor you update in
+place. With a local store and live detection in its process (the default), the thread that
+drains the deque only forwards it there (``runwatch.hook.forward``), and the writer runs in
+that process; otherwise the writer runs here (``runwatch.hook.writer``).
 
 Step context (``context=``, ``run.context``) follows the same rule: the training thread only
 compares the dict it is given with the last one (equal: nothing to do) and queues a copy when
