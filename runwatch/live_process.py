@@ -43,6 +43,9 @@ MAX_PENDING_BYTES = 64 << 20
 two million points), before it skips batches for detection or drops points (counted)."""
 PIPE_BYTES = 1 << 20
 """The pipe's size asked of the kernel (Linux's default ceiling for an unprivileged user)."""
+COUNTERS_EVERY_S = 1.0
+"""How often the child tells the training process what its writer wrote and dropped (for
+``run.stats()`` between flushes): each message takes the GIL there once."""
 PARENT_CHECK_S = 0.5
 """How often the child looks whether the training process is still there."""
 NICE = 10
@@ -141,6 +144,7 @@ class LiveProcess:
         self._token = 0
         self._answers: dict[int, list[Any]] = {}
         self.final: dict[str, Any] | None = None  # the writer's counters at its end
+        self.on_counters: Any = None  # gets the writer's counters every second or so
         self.skipped_points = 0
         self._guard = Guard("handing a batch to live detection", log)
         self._records = threading.Thread(
@@ -288,6 +292,8 @@ class LiveProcess:
                         answer[0].set()
                 elif kind == "finished":
                     self.final = message[1]
+                elif kind == "counters" and self.on_counters is not None:
+                    self.on_counters(message[1])
 
 
 # -- the child ----------------------------------------------------------------------------------
@@ -346,6 +352,7 @@ def main() -> None:
     root.propagate = False
     reader = FrameReader(0)
     host: _Host | None = None
+    counted = time.monotonic()
     while True:
         ready, _, _ = select.select([0], [], [], PARENT_CHECK_S)
         if not ready:
@@ -371,6 +378,9 @@ def main() -> None:
                 host.feed(_arrays(message[1]), message[2])
             elif kind == "items" and host is not None:
                 host.take(message[1])
+                if time.monotonic() - counted >= COUNTERS_EVERY_S:
+                    handler.send(("counters", host.counters()))
+                    counted = time.monotonic()
             elif kind == "sync" and host is not None:
                 host.flush(message[2])
                 handler.send(("synced", message[1], host.counters()))

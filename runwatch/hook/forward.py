@@ -39,6 +39,8 @@ class Channel(Protocol):
 
     final: dict[str, Any] | None
     """The counters the child sent as it finished."""
+    on_counters: Callable[[dict[str, Any]], None] | None
+    """Called with the counters the child sends every second or so."""
 
     def sync(self, timeout: float) -> dict[str, Any] | None:
         """Wait until the child stored everything sent; its counters (``written``,
@@ -65,6 +67,7 @@ class Forwarder:
         self._flow = flow
         self._drops = drops
         self._flush_timeout = flush_timeout
+        channel.on_counters = self._apply
         self.attempt = attempt
         self.last_step: int | None = None
         self._items: list[Any] = []
@@ -129,6 +132,10 @@ class Forwarder:
             self._apply(counters)
 
     def _apply(self, counters: dict[str, Any]) -> None:
+        """The child's counters, from a sync (this thread) or its periodic message (the
+        records thread): an older set arriving second never moves them back."""
+        if counters["written"] < self._flow.written:
+            return
         self._flow.written = counters["written"]
         self.attempt = counters["attempt"]
         self.last_step = counters["last_step"]

@@ -63,3 +63,16 @@ def test_context_and_events_reach_the_store_through_the_child(db_path: Path) -> 
     assert "checkpoint" in kinds and "finish" in kinds
     assert contexts["step"].tolist() == [0]
     assert contexts["context"].tolist() == [{"dataset": "web", "seq": 2048}]
+
+
+def test_stats_follow_the_child_between_flushes(db_path: Path) -> None:
+    import time
+
+    with runwatch.init(name="s", store=db_path, cpu_wait=False) as run:
+        deadline = time.monotonic() + 20
+        step = 0
+        while run.stats()["written"] < 100 and time.monotonic() < deadline:
+            run.log({"loss": 1.0}, step=step)
+            step += 1
+            time.sleep(0.002)
+        assert run.stats()["written"] >= 100  # without a flush: the child said so
