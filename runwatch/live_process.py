@@ -173,8 +173,8 @@ class LiveProcess:
             self._pending += frame(("batch", _flat(batch), events))
             self._push()
 
-    def send_items(self, data: bytes, points: int) -> None:
-        """One drain of the run's queue, pickled (``runwatch.hook.forward``)."""
+    def send_items(self, message: bytes, points: int) -> None:
+        """One drain of the run's queue, a frame pickled there (``runwatch.hook.forward``)."""
         with self._lock:
             if self._broken:
                 self._drops.add("worker_dead", points)
@@ -188,7 +188,7 @@ class LiveProcess:
                     len(self._pending) >> 20,
                 )
                 return
-            self._pending += frame(("items", data))
+            self._pending += message
             self._push()
 
     def sync(self, timeout: float) -> dict[str, Any] | None:
@@ -448,9 +448,8 @@ class _Host:
         self._backend = backend
         self.writer.worker.start()
 
-    def take(self, data: bytes) -> None:
+    def take(self, items: list[Any]) -> None:
         """One drain of the training process's queue, as it was queued."""
-        items = pickle.loads(data)
         points = sum(len(item[2]) if type(item) is tuple else 1 for item in items)
         self._flow.add_queued(points)
         put = self.writer.worker.put

@@ -32,6 +32,19 @@ cdef class Flow:
         queued: one C step, so no ``run.log`` increment on the other thread is lost."""
         self.queued += n
 
+    def add_drained(self, list items):
+        """Count the points of ``items`` taken off the queue as drained: a ``run.log`` or
+        collector call counts its dict's length, anything else one. In C, as the forward
+        thread does it for every item while the training loop may wait for the GIL."""
+        cdef long long n = 0
+        for item in items:
+            if type(item) is tuple and len(<tuple>item) >= 3 and type((<tuple>item)[2]) is dict:
+                n += len(<dict>(<tuple>item)[2])
+            else:
+                n += 1
+        self.drained += n
+        return n
+
 
 cdef class RunGate:
     """The fields ``run.log`` reads and writes on each call; ``Run`` sets them."""

@@ -33,8 +33,9 @@ log = logging.getLogger("runwatch.hook")
 class Channel(Protocol):
     """The pipe to the child (``runwatch.live_process.LiveProcess``)."""
 
-    def send_items(self, data: bytes, points: int) -> None:
-        """Queue one drain's items (their pickle) for the child; never blocks."""
+    def send_items(self, message: bytes, points: int) -> None:
+        """Queue one drain's items, a whole frame (``("items", items)``) for the child;
+        never blocks."""
         ...
 
     final: dict[str, Any] | None
@@ -101,9 +102,7 @@ class Forwarder:
         return items
 
     def _take(self, items: list[Any]) -> bool:
-        points = sum(len(item[2]) if type(item) is tuple else 1 for item in items)
-        self._flow.drained += points
-        self._points += points
+        self._points += self._flow.add_drained(items)
         self._items.extend(items)
         return len(self._items) >= 65_536
 
@@ -113,10 +112,10 @@ class Forwarder:
         if not items:
             return
         try:
-            data = _dumps(items)
+            message = _dumps(("items", items))
         except Exception:  # something pickle cannot take: item by item, refusing it
-            data = _dumps([_sendable(item) for item in items])
-        self._channel.send_items(data, points)
+            message = _dumps(("items", [_sendable(item) for item in items]))
+        self._channel.send_items(message, points)
 
     def _sync(self) -> None:
         """At ``flush()``: send, then wait for the child to have stored it all."""
@@ -159,9 +158,15 @@ class _Pickler(pickle.Pickler):
         return (int, (inner,)) if type(inner) is int else (float, (number,))
 
 
-def _dumps(items: list[Any]) -> bytes:
+def _dumps(message: Any) -> bytes:
+    """``message`` as a frame for the child's pipe (``runwatch.live_process.frame``): its
+    length, then its pickle, written once."""
     out = io.BytesIO()
-    _Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(items)
+    out.write(b"\0\0\0\0")
+    _Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(message)
+    frame = out.getbuffer()
+    frame[:4] = (len(frame) - 4).to_bytes(4, "little")
+    del frame
     return out.getvalue()
 
 
