@@ -81,8 +81,10 @@ class Attached:
         writer's sink (None: nothing to feed). A bad rules file raises here.
 
         Detection runs in a child process (``runwatch.live_process``), with the alert
-        engine it feeds, unless ``live_detection="thread"`` or the child cannot start.
-        A server runs its own detection: only the embedded store gets it here."""
+        engine it feeds and the run's writer (``writer``: its settings), unless
+        ``live_detection="thread"`` or the child cannot start; the process is then the
+        returned sink, and the hook forwards its queue there. A server runs its own
+        detection: only the embedded store gets it here."""
         from runwatch.alerting.setup import configure
 
         detect = self._monitor and embedded

@@ -1,21 +1,23 @@
-"""Live detection and alerting in a process of their own, beside the training process.
+"""The run's writer, live detection and alerting in a process of their own, beside the
+training process.
 
-Detection is Python that runs for every point, and in the training process it takes the GIL
-from the training loop (``bench/README-hook-cadence.md``: about 5 µs per logged step at 1 ms
-steps, of which the writer alone is about 1). So ``runwatch.init`` starts this module as a
-child (``python -m runwatch.live_process``) and the writer's sink only pickles each written
-batch into a pipe: the child runs the same :class:`~runwatch.pipeline.live.LiveDetection`
-and alert engine as the thread did, on the other core, on its own store connection.
+In the training process they took the GIL from the training loop: detection's Python for
+every point, and the writer's, with a GIL hand-over at each SQLite statement
+(``bench/README-hook-cadence.md``). So ``runwatch.init`` starts this module as a child
+(``python -m runwatch.live_process``) and keeps only a forward thread
+(``runwatch.hook.forward``), which pickles what was queued into a pipe on the writer's
+clock. The child runs the same :class:`~runwatch.hook.writer.Writer`,
+:class:`~runwatch.pipeline.live.LiveDetection` and alert engine, on its own store
+connection, at niceness 10.
 
-The pipe is never allowed to block the writer: its end is non-blocking, what the pipe cannot
-take waits in a buffer, and past ``MAX_PENDING_BYTES`` whole batches are skipped for
-detection (counted and warned about, as a detection thread that falls behind does). The
-child's log records come back through a second pipe and are handled by the parent's
-loggers, so a warning from detection reads as it did. At ``finish`` the parent sends the
-rest and waits, bounded, for the child to judge it and send its alerts. If the training
-process dies first (SIGKILL, the OOM killer), the child notices it has a new parent,
-judges what reached the store, records a ``crash`` event (an incident, and an alert with
-rules), marks the run crashed and exits.
+The pipe never blocks the training process: its end is non-blocking, what the pipe cannot
+take waits in a buffer, and past ``MAX_PENDING_BYTES`` points are dropped and counted
+(``queue_full``). The child's log records, its answers to ``flush()`` and its writer's
+counters come back through a second pipe, to the parent's loggers and ``run.stats()``. At
+``finish`` the parent sends the rest and waits, bounded, for the child to write and judge
+it and send its alerts. If the training process dies first (SIGKILL, the OOM killer), the
+child notices, writes what reached it, records a ``crash`` event (an incident, and an alert
+with rules), marks the run crashed and exits.
 """
 
 from __future__ import annotations
@@ -33,14 +35,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from runwatch.guard import Guard
-from runwatch.model import Event, SeriesBatch, SeriesPoints
+from runwatch.hook.drops import DropCounter
+from runwatch.model import Event, SeriesBatch
 
 log = logging.getLogger("runwatch.live_process")
 
 MAX_PENDING_BYTES = 64 << 20
 """What the training process keeps for a child that reads slower than the run logs (about
-two million points), before it skips batches for detection or drops points (counted)."""
+two million points), before it drops points (counted)."""
 PIPE_BYTES = 1 << 20
 """The pipe's size asked of the kernel (Linux's default ceiling for an unprivileged user)."""
 COUNTERS_EVERY_S = 1.0
@@ -83,35 +85,18 @@ class FrameReader:
         return messages
 
 
-def _flat(batch: SeriesBatch) -> list[tuple[Any, ...]]:
-    """A batch as bytes and dtypes: pickling NumPy arrays themselves costs ten times as much
-    (the writer does this holding the GIL)."""
-    return [
-        (s.metric, s.labels, *((a.dtype.str, a.tobytes()) for a in (s.steps, s.times, s.values)))
-        for s in batch
-    ]
-
-
-def _arrays(flat: list[tuple[Any, ...]]) -> SeriesBatch:
-    """The batch :func:`_flat` sent."""
-    import numpy as np
-
-    return [
-        SeriesPoints(metric, labels, *(np.frombuffer(data, dtype) for dtype, data in columns))
-        for metric, labels, *columns in flat
-    ]
-
-
 # -- the training process's side ----------------------------------------------------------------
 class LiveProcess:
-    """A writer sink that hands batches to live detection in a child process.
+    """The child process and its pipes, as the training process sees them: the channel of
+    ``runwatch.hook.forward``.
 
-    ``setup`` is what the child builds from (see :func:`_serve`): the store, the run, its
-    roles and references, the alert rules' source, and the run's name and project.
-    Raises ``OSError`` when the child cannot be started (the caller detects in a thread).
+    ``setup`` is what the child builds from (:class:`_Host`): the store, the run, its roles
+    and references, the alert rules' source, the run's name and project, and its writer's
+    settings. ``drops`` counts what cannot reach the child. Raises ``OSError`` when the
+    child cannot be started (the caller then writes and detects in threads).
     """
 
-    def __init__(self, setup: Mapping[str, Any], drops: Any = None) -> None:
+    def __init__(self, setup: Mapping[str, Any], drops: DropCounter) -> None:
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ)
         # The child imports the runwatch this process runs, wherever it came from.
@@ -138,41 +123,20 @@ class LiveProcess:
             )
         )
         os.set_blocking(self._fd, False)
-        self._lock = threading.Lock()  # the writer thread and finish() both send
+        self._lock = threading.Lock()  # the forward thread and finish() both send
         self._broken = False
         self._drops = drops
         self._token = 0
         self._answers: dict[int, list[Any]] = {}
         self.final: dict[str, Any] | None = None  # the writer's counters at its end
         self.on_counters: Any = None  # gets the writer's counters every second or so
-        self.skipped_points = 0
-        self._guard = Guard("handing a batch to live detection", log)
         self._records = threading.Thread(
-            target=self._forward_records, name="runwatch-detect-log", daemon=True
+            target=self._forward_records, name="runwatch-child-records", daemon=True
         )
         self._records.start()
         self._push()
 
-    # -- called from the writer thread --------------------------------------------------------
-    def __call__(self, batch: SeriesBatch, events: list[Event]) -> None:
-        with self._guard, self._lock:
-            if self._broken:
-                return
-            if self._pending and len(self._pending) > MAX_PENDING_BYTES:
-                n = sum(len(series.steps) for series in batch)
-                self.skipped_points += n
-                if self.skipped_points == n:
-                    log.warning(
-                        "runwatch: live detection is %d MB behind; skipping batches "
-                        "(run `runwatch analyze` for the complete answer)",
-                        len(self._pending) >> 20,
-                    )
-                if not events:
-                    return
-                batch = []
-            self._pending += frame(("batch", _flat(batch), events))
-            self._push()
-
+    # -- called from the forward thread (``runwatch.hook.forward``) -------------------------
     def send_items(self, message: bytes, points: int) -> None:
         """One drain of the run's queue, a frame pickled there (``runwatch.hook.forward``)."""
         with self._lock:
@@ -222,8 +186,9 @@ class LiveProcess:
         self._broken = True
         self._pending.clear()
         log.warning(
-            "runwatch: live detection's process ended early (%s, exit code %s); this run "
-            "is no longer judged live (run `runwatch analyze` for the answer)",
+            "runwatch: runwatch's process beside this one ended early (%s, exit code %s); "
+            "points logged from now on are dropped and counted (worker_dead), and the run "
+            "is no longer judged live",
             exc,
             self._proc.poll(),
         )
@@ -374,8 +339,6 @@ def main() -> None:
                 host = _Host(setup)
                 if setup.get("writer") is not None:
                     host.start_writer(setup["writer"], parent)
-            elif kind == "batch" and host is not None:
-                host.feed(_arrays(message[1]), message[2])
             elif kind == "items" and host is not None:
                 host.take(message[1])
                 if time.monotonic() - counted >= COUNTERS_EVERY_S:
@@ -391,7 +354,8 @@ def main() -> None:
 
 
 class _Host:
-    """What the child runs for one run: live detection, and the alert engine it feeds."""
+    """What the child runs for one run: its writer (:meth:`start_writer`), live detection
+    as the writer's sink, and the alert engine detection feeds."""
 
     def __init__(self, setup: Mapping[str, Any]) -> None:
         from runwatch.alerting.setup import resolve_rules, start_engine
