@@ -45,15 +45,34 @@ def one_kill(workdir: Path, rng: random.Random) -> tuple[float, int, str]:
     )
     assert child.stdout is not None and child.stdout.readline().strip() == "ready"
     time.sleep(rng.uniform(1.0, 4.0))
+    # runwatch's own process beside the training one (since 2026-11-27 it runs the writer)
+    # writes what reached it after the kill: what is durable is what it leaves behind.
+    with open(f"/proc/{child.pid}/task/{child.pid}/children") as f:
+        helpers = [int(pid) for pid in f.read().split()]
     killed_at = time.time()
     child.send_signal(signal.SIGKILL)
     child.wait()
+    for pid in helpers:
+        _wait_gone(pid, 30.0)
     conn = sqlite3.connect(db)
     integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
     conn.close()
     with runwatch.open_store(str(db)) as store:
         wall = store.read_series("k", "wall")["value"]
     return killed_at - float(wall.max()), len(wall), integrity
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    """Wait for a process that is not our child to exit (or be a zombie)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(") ", 1)[1].startswith("Z"):
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.02)
 
 
 def main() -> None:
