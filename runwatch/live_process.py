@@ -8,7 +8,9 @@ every point, and the writer's, with a GIL hand-over at each SQLite statement
 (``runwatch.hook.forward``), which pickles what was queued into a pipe on the writer's
 clock. The child runs the same :class:`~runwatch.hook.writer.Writer`,
 :class:`~runwatch.pipeline.live.LiveDetection` and alert engine, on its own store
-connection, at niceness 10.
+connection. It runs at the training process's priority: it is the run's writer, and on a
+busy machine a lower one starved it (a 5 s bound on ``finish`` took 7 s under two busy
+processes).
 
 The pipe never blocks the training process: its end is non-blocking, what the pipe cannot
 take waits in a buffer, and past ``MAX_PENDING_BYTES`` points are dropped and counted
@@ -50,8 +52,6 @@ COUNTERS_EVERY_S = 1.0
 ``run.stats()`` between flushes): each message takes the GIL there once."""
 PARENT_CHECK_S = 0.5
 """How often the child looks whether the training process is still there."""
-NICE = 10
-"""The child's niceness above the training process's: about a tenth of a CPU's weight."""
 _HEADER = struct.Struct("<I")
 
 
@@ -305,9 +305,6 @@ def main() -> None:
     """The child: read the parent's messages from stdin and detect until it finishes or
     goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the training process
-    # Behind the training process for a CPU: when it wants one (its writer thread holding
-    # the GIL the loop waits for, a DataLoader worker), detection waits instead.
-    os.nice(NICE)
     parent = int(sys.argv[1])  # may be gone already: this one started slower than it died
     out = os.dup(1)
     os.dup2(2, 1)  # a stray print must not corrupt the records pipe

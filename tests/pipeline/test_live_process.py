@@ -70,7 +70,7 @@ def test_the_environment_chooses_a_thread_and_a_bad_place_is_refused(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
     monkeypatch.setenv("RUNWATCH_LIVE_DETECTION", "thread")
-    with runwatch.init("env", store=tmp_path / "run.db") as run:
+    with runwatch.init("env", store=tmp_path / "run.db", cpu_wait=False) as run:
         assert not any("runwatch.live_process" in cmd for cmd in _children())
         run.log({"loss": float("nan")}, step=0)
     assert _episodes(tmp_path / "run.db", "env") == [("nonfinite", "loss", 0, "critical")]
@@ -86,7 +86,7 @@ def test_a_child_that_cannot_start_leaves_detection_in_a_thread(
     monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
     with (
         caplog.at_level(logging.WARNING, "runwatch"),
-        runwatch.init("fallback", store=tmp_path / "run.db") as run,
+        runwatch.init("fallback", store=tmp_path / "run.db", cpu_wait=False) as run,
     ):
         run.log({"loss": float("nan")}, step=0)
     assert "cannot start live detection's process" in caplog.text
