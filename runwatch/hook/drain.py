@@ -43,6 +43,29 @@ class Flush:
         self.done = threading.Event()
 
 
+class Followed:
+    """What ``Run.follow`` adds to a drain: sources (a framework's own log) whose new items
+    are taken at every wake-up, before the queue, counted as queued on ``flow`` (and so as
+    pending to flush). A run that follows nothing pays nothing for it."""
+
+    def __init__(self, flow: Any) -> None:
+        self._flow = flow
+        self._sources: list[Callable[[], list[Any]]] = []
+
+    def add(self, drain: Drain, source: Callable[[], list[Any]]) -> None:
+        """Take ``source()``'s ``(step, time, metrics)`` items at each of ``drain``'s wake-ups."""
+        self._sources.append(source)
+        drain.pull = self.pull
+
+    def pull(self) -> list[Any]:
+        items: list[Any] = []
+        for source in self._sources:
+            items.extend(source())
+        if items:
+            self._flow.add_queued(sum(len(item[2]) for item in items))
+        return items
+
+
 class Drain:
     """A daemon thread that takes everything queued every ``interval`` s, then ticks.
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from runwatch.hook._log_gate import Flow
-from runwatch.hook.drain import Drain
+from runwatch.hook.drain import Drain, Followed
 from runwatch.hook.drops import DropCounter
 from runwatch.hook.values import Refused, RefusedValue, to_float
 from runwatch.hook.writer import ContextUpdate
@@ -73,7 +73,7 @@ class Forwarder:
         self.last_step: int | None = None
         self._items: list[Any] = []
         self._points = 0
-        self._sources: list[Callable[[], list[Any]]] = []
+        self._followed = Followed(flow)
         self.worker = Drain(
             "runwatch-forward",
             self._take,
@@ -89,17 +89,8 @@ class Forwarder:
         )
 
     def follow(self, source: Callable[[], list[Any]]) -> None:
-        """As ``Writer.follow``: ``source()``'s items are taken at every drain."""
-        self._sources.append(source)
-        self.worker.pull = self._pull
-
-    def _pull(self) -> list[Any]:
-        items: list[Any] = []
-        for source in self._sources:
-            items.extend(source())
-        if items:
-            self._flow.add_queued(sum(len(item[2]) for item in items))
-        return items
+        """As ``Writer.follow``: ``source()``'s items are taken at every drain, here."""
+        self._followed.add(self.worker, source)
 
     def _take(self, items: list[Any]) -> bool:
         self._points += self._flow.add_drained(items)

@@ -42,7 +42,7 @@ from runwatch.guard import Guard
 from runwatch.hook._log_gate import Flow
 from runwatch.hook.backend import Backend, BackendError
 from runwatch.hook.cpu_wait import CPU_WAIT_METRIC, CpuWait
-from runwatch.hook.drain import Drain
+from runwatch.hook.drain import Drain, Followed
 from runwatch.hook.drops import DropCounter
 from runwatch.hook.values import RefusedValue, name_problem, to_float
 from runwatch.model import Event, SeriesBatch, SeriesPoints
@@ -159,7 +159,7 @@ class Writer:
         self._context_pending: dict[str, Any] | None = None  # to merge at the next step
         self._context_keys: set[str] = set()  # keys already checked
         self._buffered = 0
-        self._sources: list[Callable[[], list[Any]]] = []
+        self._followed = Followed(flow)
         self._sink_guard = Guard("feeding live detection a batch", log)
         self.last_step: int | None = None
         # Drained and flushed every flush_interval s, when a batch is full, on run.flush()
@@ -181,19 +181,8 @@ class Writer:
         )
 
     def follow(self, source: Callable[[], list[Any]]) -> None:
-        """Take ``source()``'s ``(step, time, metrics)`` items at every drain (``Run.follow``);
-        a run that follows nothing pays nothing for it."""
-        self._sources.append(source)
-        self.worker.pull = self._pull
-
-    def _pull(self) -> list[Any]:
-        """The followed sources' new items, counted as queued (and so as pending to flush)."""
-        items: list[Any] = []
-        for source in self._sources:
-            items.extend(source())
-        if items:
-            self._flow.add_queued(sum(len(item[2]) for item in items))
-        return items
+        """Take ``source()``'s items at every drain (``Run.follow``, :class:`Followed`)."""
+        self._followed.add(self.worker, source)
 
     def _unwritten(self) -> int:
         return self._flow.queued - self._flow.written
