@@ -124,7 +124,6 @@ class Attached:
         from runwatch.live_process import LiveProcess
 
         options = self._alert_options
-        with_rules = self.alerting is not None and self.alerting.rules is not None
         return LiveProcess(
             {
                 "store_path": store_path,
@@ -133,7 +132,7 @@ class Attached:
                 "project": run.project,
                 "roles": self._roles,
                 "references": self._references,
-                "alerts": (options["alerts"], options["webhook"]) if with_rules else None,
+                "alerts": (options["alerts"], options["webhook"]),  # resolved there
                 "writer": writer,
             },
             run._drops,

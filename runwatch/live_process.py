@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import select
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -38,6 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from runwatch.hook.drops import DropCounter
+from runwatch.hook.frames import FrameReader, frame
 from runwatch.model import Event, SeriesBatch
 
 log = logging.getLogger("runwatch.live_process")
@@ -52,37 +51,6 @@ COUNTERS_EVERY_S = 1.0
 ``run.stats()`` between flushes): each message takes the GIL there once."""
 PARENT_CHECK_S = 0.5
 """How often the child looks whether the training process is still there."""
-_HEADER = struct.Struct("<I")
-
-
-def frame(message: Any) -> bytes:
-    """One message on a pipe: its length, then its pickle."""
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(body)) + body
-
-
-class FrameReader:
-    """Messages from a file descriptor, as :func:`frame` wrote them."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._buffer = bytearray()
-
-    def read(self) -> list[Any] | None:
-        """The messages that one ``os.read`` completes; None at the end of the pipe."""
-        chunk = os.read(self._fd, 1 << 20)
-        if not chunk:
-            return None
-        self._buffer += chunk
-        messages = []
-        while len(self._buffer) >= _HEADER.size:
-            (size,) = _HEADER.unpack_from(self._buffer)
-            end = _HEADER.size + size
-            if len(self._buffer) < end:
-                break
-            messages.append(pickle.loads(self._buffer[_HEADER.size : end]))
-            del self._buffer[:end]
-        return messages
 
 
 # -- the training process's side ----------------------------------------------------------------
@@ -127,9 +95,8 @@ class LiveProcess:
         self._broken = False
         self._drops = drops
         self._token = 0
-        self._answers: dict[int, list[Any]] = {}
-        self.final: dict[str, Any] | None = None  # the writer's counters at its end
-        self.on_counters: Any = None  # gets the writer's counters every second or so
+        self._answers: dict[int, threading.Event] = {}
+        self.on_counters: Any = None  # gets the writer's counters whenever the child sends them
         self._records = threading.Thread(
             target=self._forward_records, name="runwatch-child-records", daemon=True
         )
@@ -155,20 +122,19 @@ class LiveProcess:
             self._pending += message
             self._push()
 
-    def sync(self, timeout: float) -> dict[str, Any] | None:
-        """Wait until the child's writer stored all that was sent; its counters, or None
-        after ``timeout`` s (or when the child is gone)."""
+    def sync(self, timeout: float) -> bool:
+        """Wait until the child's writer stored all that was sent (its counters reach
+        ``on_counters`` first); False after ``timeout`` s or when the child is gone."""
         deadline = time.monotonic() + timeout
-        answer: list[Any] = [threading.Event(), None]
+        answered = threading.Event()
         with self._lock:
             if self._broken:
-                return None
+                return False
             self._token += 1
-            self._answers[self._token] = answer
+            self._answers[self._token] = answered
             self._pending += frame(("sync", self._token, timeout))
             self._send_all(deadline)
-        answer[0].wait(max(0.0, deadline - time.monotonic()))
-        return answer[1]
+        return answered.wait(max(0.0, deadline - time.monotonic()))
 
     def _push(self) -> None:
         """Write what the pipe takes now, without waiting."""
@@ -242,23 +208,20 @@ class LiveProcess:
             except OSError:
                 return
             if messages is None:
-                for answer in self._answers.values():
-                    answer[0].set()
                 return
-            for message in messages:
-                kind = message[0]
+            for kind, *payload in messages:
                 if kind == "log":
-                    record = logging.makeLogRecord(message[1])
+                    record = logging.makeLogRecord(payload[0])
                     logging.getLogger(record.name).handle(record)
-                elif kind == "synced":
-                    answer = self._answers.pop(message[1], None)
-                    if answer is not None:
-                        answer[1] = message[2]
-                        answer[0].set()
-                elif kind == "finished":
-                    self.final = message[1]
-                elif kind == "counters" and self.on_counters is not None:
-                    self.on_counters(message[1])
+                    continue
+                # "counters" (every second, and last at the end) or "synced": the writer's
+                # counters, then the sync it answers, if any
+                if self.on_counters is not None:
+                    self.on_counters(payload[-1])
+                if kind == "synced":
+                    answered = self._answers.pop(payload[0], None)
+                    if answered is not None:
+                        answered.set()
 
 
 # -- the child ----------------------------------------------------------------------------------
@@ -334,10 +297,9 @@ def main() -> None:
                 setup = message[1]
                 root.setLevel(setup.pop("log_level"))
                 host = _Host(setup)
-                if setup.get("writer") is not None:
-                    host.start_writer(setup["writer"], parent)
+                host.start_writer(setup["writer"], parent)
             elif kind == "items" and host is not None:
-                host.take(message[1])
+                host.take(message[1], message[2])
                 if time.monotonic() - counted >= COUNTERS_EVERY_S:
                     handler.send(("counters", host.counters()))
                     counted = time.monotonic()
@@ -346,7 +308,7 @@ def main() -> None:
                 handler.send(("synced", message[1], host.counters()))
             elif kind == "finish" and host is not None:
                 host.close(message[1], message[2])
-                handler.send(("finished", host.counters()))
+                handler.send(("counters", host.counters()))
                 return
 
 
@@ -369,11 +331,10 @@ class _Host:
         if not owned:
             return
         on_change = None
-        if setup["alerts"] is not None:
-            rules = resolve_rules(*setup["alerts"])
-            if rules is not None:
-                self.engine = start_engine(rules, self._store_path)
-                on_change = self.engine.bind(setup["name"], setup["project"])
+        rules = resolve_rules(*setup["alerts"])  # checked by the training process already
+        if rules is not None:
+            self.engine = start_engine(rules, self._store_path)
+            on_change = self.engine.bind(setup["name"], setup["project"])
         self.detection = LiveDetection(
             self._store_path,
             self._run_id,
@@ -409,9 +370,9 @@ class _Host:
         self._backend = backend
         self.writer.worker.start()
 
-    def take(self, items: list[Any]) -> None:
-        """One drain of the training process's queue, as it was queued."""
-        points = sum(len(item[2]) if type(item) is tuple else 1 for item in items)
+    def take(self, items: list[Any], points: int) -> None:
+        """One drain of the training process's queue, as it was queued, and its points as
+        counted there (``Flow.add_drained``)."""
         self._flow.add_queued(points)
         put = self.writer.worker.put
         for item in items:

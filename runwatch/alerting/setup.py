@@ -57,7 +57,6 @@ class RunAlerting:
     engine: AlertEngine | None
     exporter: Exporter | None
     on_change: Callable[..., None] | None
-    rules: Rules | None = None
 
     def close(self, timeout: float = 10.0) -> bool:
         """Flush and wait (bounded) for pending alerts, then stop the exporter."""
@@ -101,4 +100,4 @@ def configure(
 
         exporter = start_exporter(run.store_path, prometheus_port, live_drops=live_drops)
         log.info("runwatch: /metrics on http://127.0.0.1:%d/metrics", exporter.port)
-    return RunAlerting(alert_engine, exporter, on_change, rules)
+    return RunAlerting(alert_engine, exporter, on_change)

@@ -15,37 +15,36 @@ as it counts any value that is not a number.
 
 from __future__ import annotations
 
-import io
 import logging
 import pickle
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from runwatch.hook._log_gate import Flow
 from runwatch.hook.drain import Drain, Followed
 from runwatch.hook.drops import DropCounter
+from runwatch.hook.frames import frame
 from runwatch.hook.values import Refused, RefusedValue, to_float
 from runwatch.hook.writer import ContextUpdate
 
 log = logging.getLogger("runwatch.hook")
 
 
+@runtime_checkable
 class Channel(Protocol):
     """The pipe to the child (``runwatch.live_process.LiveProcess``)."""
 
+    on_counters: Callable[[dict[str, Any]], None] | None
+    """Called with the child's writer's counters (``written``, ``dropped``, ``attempt``,
+    ``last_step``) each time it sends them: every second, at a sync, at its end."""
+
     def send_items(self, message: bytes, points: int) -> None:
-        """Queue one drain's items, a whole frame (``("items", items)``) for the child;
-        never blocks."""
+        """Queue one drain's items, a whole frame (``("items", items, points)``) for the
+        child; never blocks."""
         ...
 
-    final: dict[str, Any] | None
-    """The counters the child sent as it finished."""
-    on_counters: Callable[[dict[str, Any]], None] | None
-    """Called with the counters the child sends every second or so."""
-
-    def sync(self, timeout: float) -> dict[str, Any] | None:
-        """Wait until the child stored everything sent; its counters (``written``,
-        ``dropped``, ``attempt``, ``last_step``), or None after ``timeout``."""
+    def sync(self, timeout: float) -> bool:
+        """Wait until the child stored everything sent; False after ``timeout``."""
         ...
 
 
@@ -62,7 +61,7 @@ class Forwarder:
         attempt: int,
         flush_interval: float,
         max_interval: float,
-        flush_timeout: Callable[[], float],
+        flush_timeout: float,
     ) -> None:
         self._channel = channel
         self._flow = flow
@@ -103,27 +102,19 @@ class Forwarder:
         if not items:
             return
         try:
-            message = _dumps(("items", items))
+            message = frame(("items", items, points), _Pickler)
         except Exception:  # something pickle cannot take: item by item, refusing it
-            message = _dumps(("items", [_sendable(item) for item in items]))
+            message = frame(("items", [_sendable(item) for item in items], points), _Pickler)
         self._channel.send_items(message, points)
 
     def _sync(self) -> None:
         """At ``flush()``: send, then wait for the child to have stored it all."""
         self._send()
-        counters = self._channel.sync(self._flush_timeout())
-        if counters is not None:
-            self._apply(counters)
-
-    def settle(self) -> None:
-        """After the child finished: its writer's last counters."""
-        counters = self._channel.final
-        if counters is not None:
-            self._apply(counters)
+        self._channel.sync(self._flush_timeout)
 
     def _apply(self, counters: dict[str, Any]) -> None:
-        """The child's counters, from a sync (this thread) or its periodic message (the
-        records thread): an older set arriving second never moves them back."""
+        """The child's writer's counters, as it sends them (every second, at a sync, at its
+        end; on the channel's thread); an older set never moves them back."""
         if counters["written"] < self._flow.written:
             return
         self._flow.written = counters["written"]
@@ -149,23 +140,11 @@ class _Pickler(pickle.Pickler):
         return (int, (inner,)) if type(inner) is int else (float, (number,))
 
 
-def _dumps(message: Any) -> bytes:
-    """``message`` as a frame for the child's pipe (``runwatch.live_process.frame``): its
-    length, then its pickle, written once."""
-    out = io.BytesIO()
-    out.write(b"\0\0\0\0")
-    _Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(message)
-    frame = out.getbuffer()
-    frame[:4] = (len(frame) - 4).to_bytes(4, "little")
-    del frame
-    return out.getvalue()
-
-
 def _sendable(item: Any) -> Any:
     """``item`` if it pickles; else a ``run.log`` item with the values that do not pickle
     refused, or the item's type name (refused by the writer as an unknown item)."""
     try:
-        _dumps([item])
+        frame(item, _Pickler)
         return item
     except Exception:
         pass
@@ -190,7 +169,7 @@ def _refusing(values: dict[Any, Any]) -> dict[Any, Any]:
 
 def _pickles(value: Any) -> bool:
     try:
-        _dumps([value])
+        frame(value, _Pickler)
         return True
     except Exception:
         return False

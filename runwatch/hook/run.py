@@ -35,7 +35,7 @@ from runwatch.hook._log_gate import Flow, RunGate
 from runwatch.hook.backend import Backend, ReferenceRefused, StoreBackend
 from runwatch.hook.cpu_wait import CpuWait
 from runwatch.hook.drops import DROP_REASONS, DropCounter
-from runwatch.hook.forward import Forwarder
+from runwatch.hook.forward import Channel, Forwarder
 from runwatch.hook.ranks import RankPolicy, rank_info, rank_labels
 from runwatch.hook.transport import HttpBackend, make_backend_from_env
 from runwatch.hook.writer import MAX_DRAIN_INTERVAL_S, ContextUpdate, Writer
@@ -78,7 +78,7 @@ class Extras(Protocol):
         store_path: str,
         embedded: bool,
         writer: Mapping[str, Any] | None = None,
-    ) -> Callable[[SeriesBatch, list[Event]], None] | None: ...
+    ) -> Callable[[SeriesBatch, list[Event]], None] | Channel | None: ...
     def start_sampler(self, run: Run) -> None: ...
     def stop_sampler(self) -> None: ...
     def close(self, timeout: float, alert_timeout: float) -> None: ...
@@ -215,10 +215,8 @@ class Run(RunGate):
             "cpu_wait": cpu_wait,
         }
         if self._extras is not None:
-            sink = self._extras.start(
-                self, self.run_id, self.store_path, embedded, writer_setup if embedded else None
-            )
-        if hasattr(sink, "send_items"):
+            sink = self._extras.start(self, self.run_id, self.store_path, embedded, writer_setup)
+        if isinstance(sink, Channel):  # the writer runs in runwatch's process
             self._writer = Forwarder(
                 sink,
                 flow=self._flow,
@@ -226,7 +224,7 @@ class Run(RunGate):
                 attempt=attempt,
                 flush_interval=interval,
                 max_interval=MAX_DRAIN_INTERVAL_S,
-                flush_timeout=lambda: self._finish_timeout,
+                flush_timeout=self._finish_timeout,
             )
         else:
             self._writer = Writer(
@@ -457,8 +455,6 @@ class Run(RunGate):
             )
         if self._extras is not None:  # bounded waits for detection and pending alerts
             self._extras.close(timeout - (time.monotonic() - started), self._alert_timeout)
-        if isinstance(writer, Forwarder):
-            writer.settle()
         self._close_backend(status)
         if _current is self:
             _current = None
