@@ -175,9 +175,7 @@ def child_runwatch(src: str, steps: dict[str, int], blocks: int, block_steps: in
         run.log(d, step=step[0])
 
     hf_state.log_history = []  # type: ignore[attr-defined]
-    if hasattr(callback, "_follow"):  # since 2026-11-27, session 6: a compiled on_log
-        callback._follow(run, None)
-    elif hasattr(callback, "_marks"):  # since 2026-11-27 the writer reads HF's log_history
+    if hasattr(callback, "_marks"):  # since 2026-11-27 the writer reads HF's log_history
         from runwatch.integrations.hf import _LogHistoryReader
 
         callback._marks = collections.deque()

@@ -10,8 +10,14 @@ one struct, the dict copied by ``PyDict_Copy`` and the clock read by ``clock_get
 """
 
 from cpython.dict cimport PyDict_Copy
+from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
-from runwatch._wall_clock cimport wall_now
+
+cdef inline double wall_now() noexcept nogil:
+    """``time.time()``: the same clock, the same nanoseconds-to-seconds rounding."""
+    cdef timespec ts
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return <double>(ts.tv_sec * 1000000000LL + ts.tv_nsec) / 1e9
 
 
 cdef class Flow:

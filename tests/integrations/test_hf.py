@@ -20,7 +20,6 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import runwatch  # noqa: E402
-from runwatch.integrations._hf_marks import LogMarker  # noqa: E402
 from runwatch.integrations.hf import (  # noqa: E402
     RunwatchCallback,
     _LogHistoryReader,
@@ -319,33 +318,6 @@ def test_log_history_entries_become_numbers_under_runwatch_names_with_their_wind
     assert items[1][2] == {"eval_loss": 3.0}
     assert entry["learning_rate"] == 1e-3 and "lr" not in entry  # HF's entry is untouched
     assert not marks and read() == []
-
-
-def test_on_log_marks_the_newest_entry_with_the_wall_time_while_training(tmp_path, db_path):
-    marks = deque()
-    mark = LogMarker(marks)
-    state = transformers.TrainerState()
-    mark(None, state, None, logs={})  # nothing logged yet: no mark
-    state.log_history += [{"loss": 3.0, "step": 1}, {"loss": 2.9, "step": 2}]
-    before = time.time()
-    assert mark(None, state, None, model=None, logs={"loss": 2.9}) is None  # control unchanged
-    after = time.time()
-    [(entry, when)] = marks
-    assert entry is state.log_history[-1] and before <= when <= after
-
-    callback = RunwatchCallback(name="hf-marks", store=str(db_path))
-    assert "on_log" not in vars(callback)
-    seen = []
-
-    class Probe(transformers.TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            seen.append(type(callback.on_log))
-
-    trainer = _trainer(tmp_path, callback)
-    trainer.add_callback(Probe())
-    trainer.train()
-    assert seen and set(seen) == {LogMarker}
-    assert "on_log" not in vars(callback)  # TrainerCallback's no-op again after training
 
 
 def test_schedules_runwatch_cannot_plan_are_left_out():
