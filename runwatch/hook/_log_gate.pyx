@@ -1,5 +1,6 @@
 # cython: language_level=3
-"""The compiled half of ``run.log``: the state it touches on every call, as C fields.
+"""The compiled half of the hook's hot paths: ``run.log``, and the forward thread's take of
+the queue and write to the pipe.
 
 ``run.log`` runs once per training step, after milliseconds of other work, so every call
 starts on cold caches: each interpreted bytecode and each instance-dict lookup is a cache
@@ -7,10 +8,22 @@ miss (bench/README-hook-cadence.md). Here the call is one C function, its state 
 one struct, the dict copied by ``PyDict_Copy`` and the clock read by ``clock_gettime`` as
 ``time.time()`` reads it. ``Run`` subclasses ``RunGate``; every path but the plain call
 (a new context, a backlog, a closed run, bad input) goes back to ``Run``'s Python methods.
+
+The thread that drains the queue holds the GIL the training loop waits for. ``take_batch``
+and ``write_now`` make its per-item loop and its pipe write one C call each, the write
+without handing the GIL over and back (``hook/drain.py``, ``live_process.py``).
 """
 
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.dict cimport PyDict_Copy
+from cpython.exc cimport PyErr_SetFromErrno
+from libc.errno cimport EAGAIN, EINTR, errno
+from posix.unistd cimport write
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
+
+
+cdef extern from "<errno.h>":
+    int EWOULDBLOCK
 
 
 cdef inline double wall_now() noexcept nogil:
@@ -109,3 +122,36 @@ cdef class RunGate:
         """``_count`` for ``Run``'s slow paths: count a call's points before putting it,
         and only once its copy is made (a call that fails there must not stay pending)."""
         return self._count(n)
+
+
+def take_batch(items, Py_ssize_t limit, stop, marker_type):
+    """Up to ``limit`` items popped from the left of the deque ``items``, in order, ending
+    at the first that is ``stop`` or a ``marker_type`` (then the batch's last item)."""
+    cdef list batch = []
+    popleft = items.popleft
+    cdef Py_ssize_t i
+    for i in range(min(limit, len(items))):
+        item = popleft()
+        batch.append(item)
+        if item is stop or type(item) is marker_type:
+            break
+    return batch
+
+
+def write_now(int fd, data):
+    """Write what the non-blocking pipe ``fd`` takes of ``data`` (bytes-like) now, keeping
+    the GIL: the number of bytes written, 0 when the pipe is full. Raises ``OSError``."""
+    cdef Py_buffer view
+    cdef Py_ssize_t written
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        while True:
+            written = write(fd, view.buf, view.len)
+            if written >= 0:
+                return written
+            if errno == EAGAIN or errno == EWOULDBLOCK:
+                return 0
+            if errno != EINTR:
+                PyErr_SetFromErrno(OSError)
+    finally:
+        PyBuffer_Release(&view)

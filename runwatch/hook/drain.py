@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runwatch.guard import Guard
+from runwatch.hook._log_gate import take_batch
 from runwatch.worker import DropSink, ended, wait_in_two_phases
 
 _STOP = object()
@@ -218,7 +219,7 @@ class Drain:
 
     def _loop(self) -> None:
         items, event, clock, cpu = self._items, self._event, time.monotonic, time.thread_time
-        popleft, chunk = items.popleft, self._chunk
+        chunk = self._chunk
         wait = self._first
         while True:
             if wait > 0:
@@ -229,7 +230,7 @@ class Drain:
             # What is queued now, in chunks, so one burst never makes a giant batch.
             n = len(items)
             while n:
-                batch = [popleft() for _ in range(min(n, chunk))]
+                batch = take_batch(items, min(n, chunk), _STOP, Flush)
                 n -= len(batch)
                 if self._handle(batch):
                     return
@@ -259,18 +260,19 @@ class Drain:
                 self.interval = self._base
 
     def _handle(self, batch: list[Any]) -> bool:
-        """Hand ``batch`` to ``take``, split at markers; True at the stop sentinel."""
-        start = 0
-        for i, item in enumerate(batch):
-            if item is _STOP or type(item) is Flush:
-                self._take_guarded(batch[start:i])
-                start = i + 1
-                if item is _STOP:
-                    self._count(batch[start:])
-                    return True
-                self._run_tick(self._flush)
-                item.done.set()
-        self._take_guarded(batch[start:] if start else batch)
+        """Hand ``batch`` to ``take``; a marker can only end it (``take_batch``): a flush
+        runs after the items before it, the stop sentinel returns True (what was queued
+        after it stays queued, and is counted as lost by ``_count_leftovers``)."""
+        last = batch[-1]
+        if last is not _STOP and type(last) is not Flush:
+            self._take_guarded(batch)
+            return False
+        del batch[-1]
+        self._take_guarded(batch)
+        if last is _STOP:
+            return True
+        self._run_tick(self._flush)
+        last.done.set()
         return False
 
     def _take_pulled(self) -> bool:
