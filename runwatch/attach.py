@@ -21,6 +21,7 @@ from runwatch.model import Event, SeriesBatch
 if TYPE_CHECKING:
     from runwatch.alerting.setup import RunAlerting
     from runwatch.expect.reference import ReferenceCurve
+    from runwatch.hook.writer import WriterSettings
     from runwatch.live_process import LiveProcess
     from runwatch.pipeline.live import LiveDetection
     from runwatch.store.run_locks import RunLocks
@@ -75,7 +76,7 @@ class Attached:
         run_id: int,
         store_path: str,
         embedded: bool,
-        writer: Mapping[str, Any] | None = None,
+        writer: WriterSettings | None = None,
     ) -> Callable[[SeriesBatch, list[Event]], None] | None:
         """Start alerting and live detection for ``run`` (stored as ``run_id``); return the
         writer's sink (None: nothing to feed). A bad rules file raises here.
@@ -119,7 +120,7 @@ class Attached:
         return self.detection
 
     def _start_process(
-        self, run: Any, run_id: int, store_path: str, writer: Mapping[str, Any] | None
+        self, run: Any, run_id: int, store_path: str, writer: WriterSettings | None
     ) -> LiveProcess:
         from runwatch.live_process import LiveProcess
 

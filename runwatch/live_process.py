@@ -38,6 +38,7 @@ from typing import Any
 from runwatch.hook._log_gate import write_now
 from runwatch.hook.drops import DropCounter
 from runwatch.hook.frames import FrameReader, frame
+from runwatch.hook.writer import WriterSettings
 from runwatch.model import Event, SeriesBatch
 
 log = logging.getLogger("runwatch.live_process")
@@ -345,29 +346,18 @@ class _Host:
             references=setup["references"],
         )
 
-    def start_writer(self, setup: Mapping[str, Any], parent: int) -> None:
+    def start_writer(self, settings: WriterSettings, parent: int) -> None:
         """The run's writer, here rather than in the training process (its items come
         through ``take``): the store, and live detection as its sink."""
         from runwatch.hook._log_gate import Flow
         from runwatch.hook.backend import StoreBackend
-        from runwatch.hook.cpu_wait import CpuWait
         from runwatch.hook.drops import DropCounter
-        from runwatch.hook.writer import Writer
 
         backend = StoreBackend(self._store_path)
         backend.run_id = self._run_id
         self._flow = Flow()
-        self.writer = Writer(
-            backend=backend,
-            attempt=setup["attempt"],
-            labels=setup["labels"],
-            keep_metric=setup["keep_metric"],
-            flow=self._flow,
-            drops=DropCounter(),
-            flush_interval=setup["flush_interval"],
-            retries=setup["retries"],
-            sink=self.detection,
-            cpu_wait=CpuWait.open(parent) if setup["cpu_wait"] else None,
+        self.writer = settings.build(
+            backend, flow=self._flow, drops=DropCounter(), sink=self.detection, pid=parent
         )
         self._backend = backend
         self.writer.worker.start()

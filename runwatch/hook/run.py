@@ -33,12 +33,11 @@ from typing import Any, Protocol
 from runwatch.guard import error_counts
 from runwatch.hook._log_gate import Flow, RunGate
 from runwatch.hook.backend import Backend, ReferenceRefused, StoreBackend
-from runwatch.hook.cpu_wait import CpuWait
 from runwatch.hook.drops import DROP_REASONS, DropCounter
 from runwatch.hook.forward import Channel, Forwarder
 from runwatch.hook.ranks import RankPolicy, rank_info, rank_labels
 from runwatch.hook.transport import HttpBackend, make_backend_from_env
-from runwatch.hook.writer import MAX_DRAIN_INTERVAL_S, ContextUpdate, Writer
+from runwatch.hook.writer import MAX_DRAIN_INTERVAL_S, ContextUpdate, Writer, WriterSettings
 from runwatch.model import EVENT_KINDS, Event, SeriesBatch
 from runwatch.store import DEFAULT_STORE, RunExistsError, store_label
 
@@ -77,7 +76,7 @@ class Extras(Protocol):
         run_id: int,
         store_path: str,
         embedded: bool,
-        writer: Mapping[str, Any] | None = None,
+        writer: WriterSettings | None = None,
     ) -> Callable[[SeriesBatch, list[Event]], None] | Channel | None: ...
     def start_sampler(self, run: Run) -> None: ...
     def stop_sampler(self) -> None: ...
@@ -206,16 +205,16 @@ class Run(RunGate):
         interval = flush_interval if flush_interval is not None else default_interval
         # With a local store the writer can run in live detection's process; what it needs
         # goes there (``runwatch.hook.forward``).
-        writer_setup = {
-            "attempt": attempt,
-            "labels": dict(labels or {}),
-            "keep_metric": keep_metric,
-            "flush_interval": interval,
-            "retries": store_retries,
-            "cpu_wait": cpu_wait,
-        }
+        settings = WriterSettings(
+            attempt=attempt,
+            labels=dict(labels or {}),
+            keep_metric=keep_metric,
+            flush_interval=interval,
+            retries=store_retries,
+            cpu_wait=bool(cpu_wait),
+        )
         if self._extras is not None:
-            sink = self._extras.start(self, self.run_id, self.store_path, embedded, writer_setup)
+            sink = self._extras.start(self, self.run_id, self.store_path, embedded, settings)
         if isinstance(sink, Channel):  # the writer runs in runwatch's process
             self._writer = Forwarder(
                 sink,
@@ -227,17 +226,8 @@ class Run(RunGate):
                 flush_timeout=self._finish_timeout,
             )
         else:
-            self._writer = Writer(
-                backend=self._backend,
-                attempt=attempt,
-                labels=dict(labels or {}),
-                keep_metric=keep_metric,
-                flow=self._flow,
-                drops=self._drops,
-                flush_interval=interval,
-                retries=store_retries,
-                sink=sink,
-                cpu_wait=CpuWait.open() if cpu_wait else None,
+            self._writer = settings.build(
+                self._backend, flow=self._flow, drops=self._drops, sink=sink
             )
         # The hot path puts straight on the writer's queue: run.log bounds and counts itself.
         self._put = self._writer.worker.put

@@ -33,7 +33,7 @@ import operator
 import random
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -106,6 +106,44 @@ class _SeriesBuffer:
         self.steps: list[int] = []
         self.times: list[float] = []
         self.values: list[float] = []
+
+
+@dataclass(frozen=True)
+class WriterSettings:
+    """A run's writer as ``runwatch.init`` sets it up. The writer is built from it in the
+    training process, or, sent through the pipe, in runwatch's process beside it
+    (``runwatch.live_process``): one place for both."""
+
+    attempt: int
+    labels: dict[str, Any]
+    keep_metric: Callable[[str], bool] | None
+    flush_interval: float
+    retries: int
+    cpu_wait: bool
+    """Log the CPU wait of the training process (``runwatch.hook.cpu_wait``)."""
+
+    def build(
+        self,
+        backend: Backend,
+        *,
+        flow: Flow,
+        drops: DropCounter,
+        sink: BatchSink | None,
+        pid: int | None = None,
+    ) -> Writer:
+        """The writer; ``pid`` is the training process (default: this one)."""
+        return Writer(
+            backend=backend,
+            attempt=self.attempt,
+            labels=dict(self.labels),
+            keep_metric=self.keep_metric,
+            flow=flow,
+            drops=drops,
+            flush_interval=self.flush_interval,
+            retries=self.retries,
+            sink=sink,
+            cpu_wait=CpuWait.open(pid) if self.cpu_wait else None,
+        )
 
 
 class Writer:
