@@ -35,7 +35,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from runwatch.hook._log_gate import write_now
 from runwatch.hook.drops import DropCounter
 from runwatch.hook.frames import FrameReader, frame
 from runwatch.hook.writer import WriterSettings
@@ -139,15 +138,14 @@ class LiveProcess:
         return answered.wait(max(0.0, deadline - time.monotonic()))
 
     def _push(self) -> None:
-        """Write what the pipe takes now, without waiting, and without handing the GIL to
-        the training loop and back as ``os.write`` would (``write_now``)."""
+        """Write what the pipe takes now, without waiting."""
         while self._pending:
             try:
-                written = write_now(self._fd, self._pending)
+                written = os.write(self._fd, self._pending)
+            except BlockingIOError:
+                return
             except OSError as exc:  # the child is gone
                 self._lost(exc)
-                return
-            if not written:  # the pipe is full
                 return
             del self._pending[:written]
 

@@ -1,6 +1,6 @@
 # cython: language_level=3
-"""The compiled half of the hook's hot paths: ``run.log``, and the forward thread's take of
-the queue and write to the pipe.
+"""The compiled half of the hook's hot paths: ``run.log``, and the drain thread's take of the
+queue.
 
 ``run.log`` runs once per training step, after milliseconds of other work, so every call
 starts on cold caches: each interpreted bytecode and each instance-dict lookup is a cache
@@ -9,21 +9,12 @@ one struct, the dict copied by ``PyDict_Copy`` and the clock read by ``clock_get
 ``time.time()`` reads it. ``Run`` subclasses ``RunGate``; every path but the plain call
 (a new context, a backlog, a closed run, bad input) goes back to ``Run``'s Python methods.
 
-The thread that drains the queue holds the GIL the training loop waits for. ``take_batch``
-and ``write_now`` make its per-item loop and its pipe write one C call each, the write
-without handing the GIL over and back (``hook/drain.py``, ``live_process.py``).
+The thread that drains the queue holds the GIL the training loop waits for;
+``take_batch`` makes its per-item loop one C call (``hook/drain.py``).
 """
 
-from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.dict cimport PyDict_Copy
-from cpython.exc cimport PyErr_SetFromErrno
-from libc.errno cimport EAGAIN, EINTR, errno
-from posix.unistd cimport write
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
-
-
-cdef extern from "<errno.h>":
-    int EWOULDBLOCK
 
 
 cdef inline double wall_now() noexcept nogil:
@@ -137,21 +128,3 @@ def take_batch(items, Py_ssize_t limit, stop, marker_type):
             break
     return batch
 
-
-def write_now(int fd, data):
-    """Write what the non-blocking pipe ``fd`` takes of ``data`` (bytes-like) now, keeping
-    the GIL: the number of bytes written, 0 when the pipe is full. Raises ``OSError``."""
-    cdef Py_buffer view
-    cdef Py_ssize_t written
-    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
-    try:
-        while True:
-            written = write(fd, view.buf, view.len)
-            if written >= 0:
-                return written
-            if errno == EAGAIN or errno == EWOULDBLOCK:
-                return 0
-            if errno != EINTR:
-                PyErr_SetFromErrno(OSError)
-    finally:
-        PyBuffer_Release(&view)

@@ -1,17 +1,13 @@
-"""The drain thread's compiled helpers (``take_batch``, ``write_now``) and what a drain does
-at a flush marker and at its stop, with a real thread and a real pipe."""
+"""The drain thread's compiled take of the queue (``take_batch``), and what a drain does at
+a flush marker and at its stop, with a real thread."""
 
 from __future__ import annotations
 
 import collections
 import logging
-import os
-import threading
-
-import pytest
 
 from runwatch.hook import drain as drain_module
-from runwatch.hook._log_gate import take_batch, write_now
+from runwatch.hook._log_gate import take_batch
 from runwatch.hook.drain import Drain, Flush
 from runwatch.hook.drops import DropCounter
 
@@ -53,28 +49,3 @@ def test_a_flush_writes_what_came_before_it_and_a_stop_counts_what_came_after():
     assert flushed_after == [[0, 1]]
     assert taken == [0, 1, 2]
     assert drops.snapshot() == {"worker_dead": 2}  # the two put after the stop
-
-
-def test_write_now_takes_what_the_pipe_takes_and_names_a_closed_reader():
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(write_fd, False)
-    try:
-        assert write_now(write_fd, b"frame") == 5
-        assert os.read(read_fd, 16) == b"frame"
-        data = bytearray(os.urandom(1 << 20))
-        sent = write_now(write_fd, data)
-        assert 0 < sent < len(data)  # a pipe holds less than a MiB
-        assert write_now(write_fd, data) == 0  # full: nothing written, no error
-        received = bytearray()
-        reader = threading.Thread(target=lambda: received.extend(os.read(read_fd, sent)))
-        reader.start()
-        reader.join(5.0)
-        assert bytes(received) == bytes(data[: len(received)])
-        os.close(read_fd)
-        read_fd = -1
-        with pytest.raises(BrokenPipeError):
-            write_now(write_fd, b"x")
-    finally:
-        os.close(write_fd)
-        if read_fd >= 0:
-            os.close(read_fd)
