@@ -19,11 +19,13 @@ counters come back through a second pipe, to the parent's loggers and ``run.stat
 ``finish`` the parent sends the rest and waits, bounded, for the child to write and judge
 it and send its alerts. If the training process dies first (SIGKILL, the OOM killer), the
 child notices, writes what reached it, records a ``crash`` event (an incident, and an alert
-with rules), marks the run crashed and exits.
+with rules), marks the run crashed and exits. If the child dies first, the training process
+starts another, up to ``MAX_RESTARTS`` times (:meth:`LiveProcess._child_gone`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import select
@@ -52,6 +54,9 @@ COUNTERS_EVERY_S = 1.0
 ``run.stats()`` between flushes): each message takes the GIL there once."""
 PARENT_CHECK_S = 0.5
 """How often the child looks whether the training process is still there."""
+MAX_RESTARTS = 3
+"""How many times a child that ends early (killed, crashed) is started again for the rest of
+the run; after that, points are dropped and counted (``worker_dead``)."""
 
 
 # -- the training process's side ----------------------------------------------------------------
@@ -66,11 +71,38 @@ class LiveProcess:
     """
 
     def __init__(self, setup: Mapping[str, Any], drops: DropCounter) -> None:
+        self._setup = dict(setup)
+        self._lock = threading.Lock()  # the forward thread, finish() and a restart send
+        self._broken = False
+        self._closing = False
+        self._drops = drops
+        self._token = 0
+        self._answers: dict[
+            int, tuple[threading.Event, float]
+        ] = {}  # sync token -> (answer, timeout)
+        self.on_counters: Any = None  # gets the writer's counters whenever the child sends them
+        self.restarts = 0
+        # What the current child was sent and said it wrote or dropped (its last counters),
+        # and what the children before it wrote: a restart counts the difference as lost.
+        self._sent = 0
+        self._accounted = 0
+        self._written_before = 0
+        self._last: dict[str, Any] = {
+            "written": 0,
+            "dropped": {},
+            "attempt": setup["writer"].attempt if setup.get("writer") else 0,
+            "last_step": None,
+        }
+        with self._lock:
+            self._spawn(self._setup)
+
+    def _spawn(self, setup: Mapping[str, Any]) -> None:
+        """Start a child for ``setup`` with its records thread, and send it the setup."""
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ)
         # The child imports the runwatch this process runs, wherever it came from.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-        self._proc = subprocess.Popen(
+        proc = subprocess.Popen(
             # -P: not the working directory first, which may hold another runwatch
             [sys.executable, "-P", "-m", "runwatch.live_process", str(os.getpid())],
             stdin=subprocess.PIPE,
@@ -78,28 +110,20 @@ class LiveProcess:
             env=env,
             close_fds=True,
         )
-        assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._fd = self._proc.stdin.fileno()
+        assert proc.stdin is not None and proc.stdout is not None
+        self._proc = proc
+        self._fd = proc.stdin.fileno()
         try:
             import fcntl
 
             fcntl.fcntl(self._fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         except OSError:
             pass  # the default 64 KiB pipe: the buffer here takes the rest
-        self._pending = bytearray(
-            frame(
-                ("setup", {**setup, "log_level": logging.getLogger("runwatch").getEffectiveLevel()})
-            )
-        )
+        level = logging.getLogger("runwatch").getEffectiveLevel()
+        self._pending = bytearray(frame(("setup", {**setup, "log_level": level})))
         os.set_blocking(self._fd, False)
-        self._lock = threading.Lock()  # the forward thread and finish() both send
-        self._broken = False
-        self._drops = drops
-        self._token = 0
-        self._answers: dict[int, threading.Event] = {}
-        self.on_counters: Any = None  # gets the writer's counters whenever the child sends them
         self._records = threading.Thread(
-            target=self._forward_records, name="runwatch-child-records", daemon=True
+            target=self._forward_records, args=(proc,), name="runwatch-child-records", daemon=True
         )
         self._records.start()
         self._push()
@@ -121,6 +145,7 @@ class LiveProcess:
                 )
                 return
             self._pending += message
+            self._sent += points
             self._push()
 
     def sync(self, timeout: float) -> bool:
@@ -132,7 +157,7 @@ class LiveProcess:
             if self._broken:
                 return False
             self._token += 1
-            self._answers[self._token] = answered
+            self._answers[self._token] = (answered, timeout)
             self._pending += frame(("sync", self._token, timeout))
             self._send_all(deadline)
         return answered.wait(max(0.0, deadline - time.monotonic()))
@@ -145,20 +170,73 @@ class LiveProcess:
             except BlockingIOError:
                 return
             except OSError as exc:  # the child is gone
-                self._lost(exc)
+                self._child_gone(self._proc, exc)
                 return
             del self._pending[:written]
 
-    def _lost(self, exc: BaseException) -> None:
-        self._broken = True
-        self._pending.clear()
+    def _child_gone(self, proc: subprocess.Popen[bytes], cause: object) -> None:
+        """``proc`` ended before the run finished (with the lock held): start another child
+        for the rest of the run, at most ``MAX_RESTARTS`` times, then stop sending.
+
+        What it was sent beyond its last counters (up to a second of points, and the
+        pipe's content) is counted as lost (``worker_dead``). The new child resumes the
+        run's attempt, replays the run from the store into live detection
+        (``LiveDetection.take_over``), and answers the syncs the old one left open.
+        """
+        if proc is not self._proc or self._broken or self._closing:
+            return
+        try:
+            proc.wait(5.0)
+        except subprocess.TimeoutExpired:  # its pipe failed but it still runs: end it
+            proc.kill()
+            proc.wait()
+        lost = max(0, self._sent - self._accounted)
+        if lost:
+            self._drops.add("worker_dead", lost)
+        for reason, n in self._last["dropped"].items():  # the dead child's drops, kept here
+            self._drops.add(reason, n)
+        self._drops.set_remote({})
+        self._written_before += self._last["written"]
+        self._last = {**self._last, "written": 0, "dropped": {}}
+        self._sent = self._accounted = 0
+        if self.restarts >= MAX_RESTARTS:
+            self._broken = True
+            self._pending.clear()
+            log.warning(
+                "runwatch: runwatch's process beside this one ended early (%s, exit code %s), "
+                "%d times; points logged from now on are dropped and counted (worker_dead), "
+                "and the run is no longer judged live",
+                cause,
+                proc.returncode,
+                self.restarts + 1,
+            )
+            return
+        self.restarts += 1
         log.warning(
             "runwatch: runwatch's process beside this one ended early (%s, exit code %s); "
-            "points logged from now on are dropped and counted (worker_dead), and the run "
-            "is no longer judged live",
-            exc,
-            self._proc.poll(),
+            "starting it again (%d of %d); %d points logged just before are counted as lost "
+            "(worker_dead)",
+            cause,
+            proc.returncode,
+            self.restarts,
+            MAX_RESTARTS,
+            lost,
         )
+        writer = self._setup["writer"]
+        setup = {
+            **self._setup,
+            "writer": dataclasses.replace(writer, attempt=self._last["attempt"]),
+            "resume": True,
+        }
+        try:
+            self._spawn(setup)
+        except OSError as exc:
+            self._broken = True
+            log.warning("runwatch: cannot start runwatch's process again (%s)", exc)
+            return
+        for token, (_, timeout) in self._answers.items():
+            self._pending += frame(("sync", token, timeout))
+        self._push()
 
     # -- called from the thread that finishes the run -----------------------------------------
     def close(self, timeout: float, alert_timeout: float) -> bool:
@@ -166,6 +244,7 @@ class LiveProcess:
         child to judge it and exit; True if it did."""
         deadline = time.monotonic() + max(1.0, timeout)
         with self._lock:
+            self._closing = True
             if not self._broken:
                 self._pending += frame(("finish", max(1.0, timeout), alert_timeout))
                 self._send_all(deadline)
@@ -199,16 +278,19 @@ class LiveProcess:
         self._broken = True
 
     # -- the log records thread ---------------------------------------------------------------
-    def _forward_records(self) -> None:
-        """Hand the child's log records to this process's loggers, until the child ends."""
-        assert self._proc.stdout is not None
-        reader = FrameReader(self._proc.stdout.fileno())
+    def _forward_records(self, proc: subprocess.Popen[bytes]) -> None:
+        """Hand ``proc``'s log records to this process's loggers, and its counters to
+        ``on_counters``, until it ends; if it ends before the run finishes, restart it."""
+        assert proc.stdout is not None
+        reader = FrameReader(proc.stdout.fileno())
         while True:
             try:
                 messages = reader.read()
             except OSError:
-                return
+                messages = None
             if messages is None:
+                with self._lock:
+                    self._child_gone(proc, "its pipe closed")
                 return
             for kind, *payload in messages:
                 if kind == "log":
@@ -217,12 +299,25 @@ class LiveProcess:
                     continue
                 # "counters" (every second, and last at the end) or "synced": the writer's
                 # counters, then the sync it answers, if any
-                if self.on_counters is not None:
-                    self.on_counters(payload[-1])
+                self._counters(proc, payload[-1])
                 if kind == "synced":
-                    answered = self._answers.pop(payload[0], None)
-                    if answered is not None:
-                        answered.set()
+                    answer = self._answers.pop(payload[0], None)
+                    if answer is not None:
+                        answer[0].set()
+
+    def _counters(self, proc: subprocess.Popen[bytes], counters: dict[str, Any]) -> None:
+        """``proc``'s writer's counters, as the run counts them: with what the children
+        before it wrote (``on_counters``). A dead child's last ones were counted already."""
+        with self._lock:
+            if proc is not self._proc:
+                return
+            if counters["last_step"] is None:  # a restarted child that wrote nothing yet
+                counters = {**counters, "last_step": self._last["last_step"]}
+            self._last = counters
+            self._accounted = counters["written"] + sum(counters["dropped"].values())
+            total = {**counters, "written": counters["written"] + self._written_before}
+        if self.on_counters is not None:
+            self.on_counters(total)
 
 
 # -- the child ----------------------------------------------------------------------------------
@@ -343,6 +438,22 @@ class _Host:
             on_change=on_change,
             references=setup["references"],
         )
+        if setup.get("resume"):
+            self._take_over()
+
+    def _take_over(self) -> None:
+        """Started again mid-run (the child before died): detection goes on from what the
+        store holds, as a server replica does when it takes a run over, so no episode is
+        lost or doubled."""
+        from runwatch.store import Store
+
+        store = Store(self._store_path)
+        try:
+            points = store.read_points(self._run_id)
+            events = store.events(self._run_id)
+        finally:
+            store.close()
+        self.detection.take_over(points, events)  # type: ignore[union-attr]
 
     def start_writer(self, settings: WriterSettings, parent: int) -> None:
         """The run's writer, here rather than in the training process (its items come

@@ -165,3 +165,68 @@ def _wait_gone(pid: int, timeout: float) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"process {pid} still running after {timeout} s")
+
+
+def _kill_child_and_wait_for_restart(run: Any, restarts: int) -> None:
+    """SIGKILL runwatch's process beside this one; wait until the run has noticed and
+    started the next one (``restarts`` in all), or given up."""
+    import time
+
+    process = run._extras.process
+    dead = process._proc
+    os.kill(dead.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.restarts >= restarts or process._broken:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the run did not notice its process died")
+
+
+def test_a_child_killed_mid_run_is_started_again_and_goes_on_writing_and_detecting(
+    tmp_path: Path, caplog: Any
+) -> None:
+    db = tmp_path / "run.db"
+    run = runwatch.init(name="restarted", store=str(db))
+    for step in range(200):
+        loss = float("nan") if step == 100 else 3.0 / (1 + step) ** 0.3
+        run.log({"loss": loss}, step=step)
+    assert run.flush()
+    first = run._extras.process._proc.pid
+    with caplog.at_level(logging.WARNING, "runwatch"):
+        _kill_child_and_wait_for_restart(run, 1)
+        assert run._extras.process._proc.pid != first
+        for step in range(200, 400):
+            loss = float("nan") if step == 300 else 3.0 / (1 + step) ** 0.3
+            run.log({"loss": loss}, step=step)
+        assert run.flush()
+        stats = run.stats()
+        run.finish()
+    assert any("starting it again (1 of 3)" in m for m in caplog.messages)
+    assert stats["written"] == 400 and not stats["dropped"]
+    with runwatch.open_store(db) as store:
+        assert store.runs().set_index("name").loc["restarted", "status"] == "finished"
+        assert len(store.attempts("restarted")) == 1
+        assert store.read_series("restarted", "loss")["step"].tolist() == list(range(400))
+    # the NaN before the kill was replayed, not found again; the one after is found
+    nonfinite = [e for e in _episodes(db, "restarted") if e[0] == "nonfinite"]
+    assert [e[2] for e in nonfinite] == [100, 300]
+
+
+def test_a_child_that_keeps_dying_is_given_up_and_what_follows_is_counted(
+    tmp_path: Path, caplog: Any
+) -> None:
+    run = runwatch.init(name="given-up", store=str(tmp_path / "run.db"))
+    run.log({"loss": 1.0}, step=0)
+    assert run.flush()
+    with caplog.at_level(logging.WARNING, "runwatch"):
+        for restarts in (1, 2, 3, 4):
+            _kill_child_and_wait_for_restart(run, restarts)
+        for step in range(1, 51):
+            run.log({"loss": 1.0}, step=step)
+        run.flush(timeout=1.0)
+        stats = run.stats()
+        run.finish()
+    assert run._extras.process.restarts == 3
+    assert any("4 times" in m and "no longer judged live" in m for m in caplog.messages)
+    assert stats["dropped"]["worker_dead"] == 50
