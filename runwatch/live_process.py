@@ -25,6 +25,7 @@ starts another, up to ``MAX_RESTARTS`` times (:meth:`LiveProcess._child_gone`).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import os
@@ -82,10 +83,12 @@ class LiveProcess:
         ] = {}  # sync token -> (answer, timeout)
         self.on_counters: Any = None  # gets the writer's counters whenever the child sends them
         self.restarts = 0
-        # What the current child was sent and said it wrote or dropped (its last counters),
-        # and what the children before it wrote: a restart counts the difference as lost.
+        # The frames sent and not yet accounted for by the child's counters (written or
+        # dropped): (points sent up to and with it, its last step, its points). What the
+        # children before the current one wrote.
         self._sent = 0
-        self._accounted = 0
+        self._unconfirmed: collections.deque[tuple[int, int | None, int]] = collections.deque()
+        self._orphaned: list[tuple[int, int | None, int]] = []  # a dead child's unconfirmed
         self._written_before = 0
         self._last: dict[str, Any] = {
             "written": 0,
@@ -129,7 +132,7 @@ class LiveProcess:
         self._push()
 
     # -- called from the forward thread (``runwatch.hook.forward``) -------------------------
-    def send_items(self, message: bytes, points: int) -> None:
+    def send_items(self, message: bytes, points: int, last_step: int | None) -> None:
         """One drain of the run's queue, a frame pickled there (``runwatch.hook.forward``)."""
         with self._lock:
             if self._broken:
@@ -146,6 +149,7 @@ class LiveProcess:
                 return
             self._pending += message
             self._sent += points
+            self._unconfirmed.append((self._sent, last_step, points))
             self._push()
 
     def sync(self, timeout: float) -> bool:
@@ -178,10 +182,10 @@ class LiveProcess:
         """``proc`` ended before the run finished (with the lock held): start another child
         for the rest of the run, at most ``MAX_RESTARTS`` times, then stop sending.
 
-        What it was sent beyond its last counters (up to a second of points, and the
-        pipe's content) is counted as lost (``worker_dead``). The new child resumes the
-        run's attempt, replays the run from the store into live detection
-        (``LiveDetection.take_over``), and answers the syncs the old one left open.
+        The new child resumes the run's attempt, replays the run from the store into live
+        detection (``LiveDetection.take_over``), answers the syncs the old one left open,
+        and says the last step the store holds: the frames sent after it never reached the
+        store, and are counted as lost (``worker_dead``, :meth:`_count_lost`).
         """
         if proc is not self._proc or self._broken or self._closing:
             return
@@ -190,18 +194,18 @@ class LiveProcess:
         except subprocess.TimeoutExpired:  # its pipe failed but it still runs: end it
             proc.kill()
             proc.wait()
-        lost = max(0, self._sent - self._accounted)
-        if lost:
-            self._drops.add("worker_dead", lost)
         for reason, n in self._last["dropped"].items():  # the dead child's drops, kept here
             self._drops.add(reason, n)
         self._drops.set_remote({})
         self._written_before += self._last["written"]
         self._last = {**self._last, "written": 0, "dropped": {}}
-        self._sent = self._accounted = 0
+        self._orphaned += self._unconfirmed
+        self._unconfirmed.clear()
+        self._sent = 0
         if self.restarts >= MAX_RESTARTS:
             self._broken = True
             self._pending.clear()
+            self._count_lost(None)
             log.warning(
                 "runwatch: runwatch's process beside this one ended early (%s, exit code %s), "
                 "%d times; points logged from now on are dropped and counted (worker_dead), "
@@ -214,13 +218,11 @@ class LiveProcess:
         self.restarts += 1
         log.warning(
             "runwatch: runwatch's process beside this one ended early (%s, exit code %s); "
-            "starting it again (%d of %d); %d points logged just before are counted as lost "
-            "(worker_dead)",
+            "starting it again (%d of %d)",
             cause,
             proc.returncode,
             self.restarts,
             MAX_RESTARTS,
-            lost,
         )
         writer = self._setup["writer"]
         setup = {
@@ -297,6 +299,11 @@ class LiveProcess:
                     record = logging.makeLogRecord(payload[0])
                     logging.getLogger(record.name).handle(record)
                     continue
+                if kind == "resumed":
+                    with self._lock:
+                        if proc is self._proc:
+                            self._count_lost(payload[0])
+                    continue
                 # "counters" (every second, and last at the end) or "synced": the writer's
                 # counters, then the sync it answers, if any
                 self._counters(proc, payload[-1])
@@ -304,6 +311,23 @@ class LiveProcess:
                     answer = self._answers.pop(payload[0], None)
                     if answer is not None:
                         answer[0].set()
+
+    def _count_lost(self, stored_step: int | None) -> None:
+        """Count as lost (``worker_dead``) the frames a dead child was sent that the store
+        does not hold: those after ``stored_step`` (None: all it had not confirmed)."""
+        lost = sum(
+            points
+            for _, last, points in self._orphaned
+            if stored_step is None or last is None or last > stored_step
+        )
+        self._orphaned.clear()
+        if lost:
+            self._drops.add("worker_dead", lost)
+            log.warning(
+                "runwatch: %d points sent to runwatch's process before it ended never reached "
+                "the store (counted as worker_dead)",
+                lost,
+            )
 
     def _counters(self, proc: subprocess.Popen[bytes], counters: dict[str, Any]) -> None:
         """``proc``'s writer's counters, as the run counts them: with what the children
@@ -314,7 +338,9 @@ class LiveProcess:
             if counters["last_step"] is None:  # a restarted child that wrote nothing yet
                 counters = {**counters, "last_step": self._last["last_step"]}
             self._last = counters
-            self._accounted = counters["written"] + sum(counters["dropped"].values())
+            accounted = counters["written"] + sum(counters["dropped"].values())
+            while self._unconfirmed and self._unconfirmed[0][0] <= accounted:
+                self._unconfirmed.popleft()
             total = {**counters, "written": counters["written"] + self._written_before}
         if self.on_counters is not None:
             self.on_counters(total)
@@ -393,6 +419,8 @@ def main() -> None:
                 setup = message[1]
                 root.setLevel(setup.pop("log_level"))
                 host = _Host(setup)
+                if setup.get("resume"):
+                    handler.send(("resumed", host.resume()))
                 host.start_writer(setup["writer"], parent)
             elif kind == "items" and host is not None:
                 host.take(message[1], message[2])
@@ -438,22 +466,22 @@ class _Host:
             on_change=on_change,
             references=setup["references"],
         )
-        if setup.get("resume"):
-            self._take_over()
 
-    def _take_over(self) -> None:
+    def resume(self) -> int | None:
         """Started again mid-run (the child before died): detection goes on from what the
         store holds, as a server replica does when it takes a run over, so no episode is
-        lost or doubled."""
+        lost or doubled. Returns the last step the store holds (None: no point)."""
         from runwatch.store import Store
 
         store = Store(self._store_path)
         try:
             points = store.read_points(self._run_id)
-            events = store.events(self._run_id)
+            events = store.events(self._run_id) if self.detection is not None else None
         finally:
             store.close()
-        self.detection.take_over(points, events)  # type: ignore[union-attr]
+        if self.detection is not None:
+            self.detection.take_over(points, events)
+        return int(points["step"].max()) if len(points) else None
 
     def start_writer(self, settings: WriterSettings, parent: int) -> None:
         """The run's writer, here rather than in the training process (its items come

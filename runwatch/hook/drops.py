@@ -16,7 +16,8 @@ DROP_REASONS: dict[str, str] = {
     "queue_full": "the writer fell behind and the log queue was full",
     "other_rank": "a run-level metric logged on a rank other than 0 (keep it with "
     "per_rank=[...] or all_ranks=True)",
-    "worker_dead": "the writer thread was not running (interpreter shutting down?)",
+    "worker_dead": "the writer was not running (interpreter shutting down?), or runwatch's "
+    "process beside this one ended before storing them",
     "finished": "the run was already finished",
     "forked_child": "logged from a forked child process (call runwatch.init() there)",
     "not_a_dict": "run.log() was given something that is not a dict",

@@ -38,9 +38,9 @@ class Channel(Protocol):
     """Called with the child's writer's counters (``written``, ``dropped``, ``attempt``,
     ``last_step``) each time it sends them: every second, at a sync, at its end."""
 
-    def send_items(self, message: bytes, points: int) -> None:
+    def send_items(self, message: bytes, points: int, last_step: int | None) -> None:
         """Queue one drain's items, a whole frame (``("items", items, points)``) for the
-        child; never blocks."""
+        child; never blocks. ``last_step``: the step of its last item, if it has one."""
         ...
 
     def sync(self, timeout: float) -> bool:
@@ -105,7 +105,9 @@ class Forwarder:
             message = frame(("items", items, points), _Pickler)
         except Exception:  # something pickle cannot take: item by item, refusing it
             message = frame(("items", [_sendable(item) for item in items], points), _Pickler)
-        self._channel.send_items(message, points)
+        last = items[-1]
+        step = last[0] if type(last) is tuple else getattr(last, "step", None)
+        self._channel.send_items(message, points, step if type(step) is int else None)
 
     def _sync(self) -> None:
         """At ``flush()``: send, then wait for the child to have stored it all."""

@@ -230,3 +230,33 @@ def test_a_child_that_keeps_dying_is_given_up_and_what_follows_is_counted(
     assert run._extras.process.restarts == 3
     assert any("4 times" in m and "no longer judged live" in m for m in caplog.messages)
     assert stats["dropped"]["worker_dead"] == 50
+
+
+def test_points_sent_to_a_child_that_died_before_storing_them_are_counted_lost(
+    tmp_path: Path,
+) -> None:
+    import time
+
+    db = tmp_path / "run.db"
+    run = runwatch.init(name="in-flight", store=str(db))
+    for step in range(100):
+        run.log({"loss": 1.0}, step=step)
+    assert run.flush()
+    child = run._extras.process._proc.pid
+    os.kill(child, signal.SIGSTOP)  # it reads nothing more: what is sent stays in the pipe
+    for step in range(100, 150):
+        run.log({"loss": 1.0}, step=step)
+    time.sleep(0.5)  # several drains: all 50 sent
+    _kill_child_and_wait_for_restart(run, 1)
+    deadline = time.monotonic() + 30
+    while run.stats()["dropped"].get("worker_dead") != 50 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for step in range(150, 200):
+        run.log({"loss": 1.0}, step=step)
+    assert run.flush()
+    stats = run.stats()
+    run.finish()
+    assert stats["dropped"] == {"worker_dead": 50} and stats["written"] == 150
+    with runwatch.open_store(db) as store:
+        steps = store.read_series("in-flight", "loss")["step"].tolist()
+    assert steps == list(range(100)) + list(range(150, 200))
