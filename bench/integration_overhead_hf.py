@@ -17,6 +17,9 @@ step, so that the machine's drift over a repeat, and what the setup before leave
   detection on, as a user gets it from two lines;
 - ``+ empty TrainerCallback`` (anchor): a callback that does nothing, so what HF's
   dispatch of any one callback's events costs at this cadence (the floor of a callback);
+  its ``on_log`` is the function ``DefaultFlowCallback`` ran just before, warm;
+- ``+ a callback with its own empty on_log`` (anchor): what any callback that logs pays,
+  its own ``on_log`` called on cold caches, doing nothing;
 - ``+ TensorBoardCallback`` (anchor): ``report_to=["tensorboard"]``, HF's own integration;
 - ``hf alone, a second Trainer`` (anchor): the baseline again, so how far two identical
   setups read apart (the figure's noise floor);
@@ -59,6 +62,7 @@ SETUPS = (
     "hf alone",
     "+ RunwatchCallback",
     "+ empty TrainerCallback",
+    "+ a callback with its own empty on_log",
     "+ TensorBoardCallback",
     "hf alone, a second Trainer",
 )
@@ -68,6 +72,13 @@ RAW = (
     "RunwatchCallback's own calls, back to back",
 )
 WRITER = "RunwatchCallback's writer thread, CPU per logged step"
+
+
+class OwnEmptyOnLog(transformers.TrainerCallback):
+    """A callback that logs nothing, with its own ``on_log`` (anchor)."""
+
+    def on_log(self, args, state, control, **kwargs):
+        return None
 
 
 def make_trainer(setup: str, tmp: Path, tag: str) -> tuple[transformers.Trainer, Any]:
@@ -86,6 +97,8 @@ def make_trainer(setup: str, tmp: Path, tag: str) -> tuple[transformers.Trainer,
         callbacks.append(RunwatchCallback(name=f"bench-{tag}", store=str(tmp / "bench.db")))
     elif setup == "+ empty TrainerCallback":
         callbacks.append(transformers.TrainerCallback())
+    elif setup == "+ a callback with its own empty on_log":
+        callbacks.append(OwnEmptyOnLog())
     trainer = transformers.Trainer(
         model=transformers.GPT2LMHeadModel(config), args=args, callbacks=callbacks
     )
@@ -262,6 +275,16 @@ def main(argv: list[str] | None = None) -> int:
         f"Goal <= 5 us median beyond HF's own logging: {verdict} ({runwatch_beyond:+.1f} us). "
         f"Beyond a callback that does nothing: {statistics.median(beyond_empty):+.1f} us "
         f"({' / '.join(f'{b:+.1f}' for b in beyond_empty)})."
+    )
+    beyond_own = [
+        m - e
+        for (m, _), (e, _) in zip(
+            rows["+ RunwatchCallback"], rows["+ a callback with its own empty on_log"], strict=True
+        )
+    ]
+    summary += (
+        f" Beyond a callback with its own empty on_log: {statistics.median(beyond_own):+.1f} us "
+        f"({' / '.join(f'{b:+.1f}' for b in beyond_own)})."
     )
     again = [m - b for (m, _), b in zip(rows["hf alone, a second Trainer"], base, strict=True)]
     summary += (
