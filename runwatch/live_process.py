@@ -55,6 +55,9 @@ COUNTERS_EVERY_S = 1.0
 ``run.stats()`` between flushes): each message takes the GIL there once."""
 PARENT_CHECK_S = 0.5
 """How often the child looks whether the training process is still there."""
+RESUME_CLAIM_WAIT_S = 5.0
+"""How long a restarted child tries to take the run's ownership lock on PostgreSQL before
+leaving detection to whoever holds it (a ``runwatch serve`` replica may have taken over)."""
 MAX_RESTARTS = 3
 """How many times a child that ends early (killed, crashed) is started again for the rest of
 the run; after that, points are dropped and counted (``worker_dead``)."""
@@ -447,7 +450,9 @@ class _Host:
 
         self._store_path = setup["store_path"]
         self._run_id = setup["run_id"]
-        owned, self._locks = claim_live_detection(self._store_path, self._run_id)
+        # A restarted child waits a little for the dead one's PostgreSQL session to end.
+        wait = RESUME_CLAIM_WAIT_S if setup.get("resume") else 0.0
+        owned, self._locks = claim_live_detection(self._store_path, self._run_id, wait)
         self.detection: LiveDetection | None = None
         self.writer: Any = None
         self._writer_closed = False

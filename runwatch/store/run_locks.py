@@ -80,20 +80,31 @@ def run_owner(url: str, run_id: int) -> int | None:
     return int(row[0].removeprefix(OWNER_APPLICATION)) if row else None
 
 
-def claim_live_detection(store_path: str, run_id: int) -> tuple[bool, RunLocks | None]:
+def claim_live_detection(
+    store_path: str, run_id: int, wait: float = 0.0
+) -> tuple[bool, RunLocks | None]:
     """Whether this process may run the run's live detection, and the lock it holds for it.
 
     On a shared PostgreSQL store it holds the run's ownership lock, as a ``runwatch serve``
     replica would (``runwatch.store.run_locks``): a replica on the same database then leaves
     the run alone, and takes it over if this process dies. False: another process owns it.
+    ``wait``: seconds to keep trying, for a lock whose holder just died (its session may
+    outlive it briefly).
     """
+    import time
+
     from runwatch.store import is_store_url
 
     if not is_store_url(store_path):
         return True, None
     locks = RunLocks(store_path)
-    if locks.try_own(run_id):
-        return True, locks
+    deadline = time.monotonic() + wait
+    while True:
+        if locks.try_own(run_id):
+            return True, locks
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
     locks.close()
     log.info("runwatch: another process runs this run's live detection; not here")
     return False, None

@@ -51,3 +51,36 @@ def test_a_runs_live_detection_owns_the_run_while_it_runs(pg_url):
         assert run_owner(pg_url, run_id) == detector
         run.finish()
         assert run_owner(pg_url, run_id) is None
+
+
+def test_a_restarted_child_takes_the_run_back_and_detects_on_postgresql(pg_url):
+    """The child killed mid-run: its session's lock goes with it, and the next child takes
+    it, replays the run and finds a NaN logged after the kill."""
+    import os
+    import signal
+    import time
+
+    from runwatch.store.run_locks import run_owner
+
+    run = runwatch.init(name="pg-restart", store=pg_url, cpu_wait=False)
+    for step in range(50):
+        run.log({"loss": 3.0 / (step + 1)}, step=step)
+    assert run.flush()
+    process = run._extras.process
+    os.kill(process._proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while process.restarts < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process.restarts == 1
+    with runwatch.open_store(pg_url, readonly=True) as store:
+        run_id = store.run_id("pg-restart")
+    while run_owner(pg_url, run_id) != process._proc.pid and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert run_owner(pg_url, run_id) == process._proc.pid
+    for step in range(50, 100):
+        run.log({"loss": float("nan") if step == 80 else 3.0 / (step + 1)}, step=step)
+    run.finish()
+    with runwatch.open_store(pg_url, readonly=True) as store:
+        assert store.read_series("pg-restart", "loss")["step"].tolist() == list(range(100))
+        found = store.anomalies("pg-restart")
+    assert found[["detector", "start_step"]].values.tolist() == [["nonfinite", 80]]
