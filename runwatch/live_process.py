@@ -81,9 +81,8 @@ class LiveProcess:
         self._closing = False
         self._drops = drops
         self._token = 0
-        self._answers: dict[
-            int, tuple[threading.Event, float]
-        ] = {}  # sync token -> (answer, timeout)
+        # Each open sync's answer and timeout, by token: a restarted child gets them again.
+        self._answers: dict[int, tuple[threading.Event, float]] = {}
         self.on_counters: Any = None  # gets the writer's counters whenever the child sends them
         self.restarts = 0
         # The frames sent and not yet accounted for by the child's counters (written or
@@ -96,7 +95,7 @@ class LiveProcess:
         self._last: dict[str, Any] = {
             "written": 0,
             "dropped": {},
-            "attempt": setup["writer"].attempt if setup.get("writer") else 0,
+            "attempt": setup["writer"].attempt,
             "last_step": None,
         }
         with self._lock:
