@@ -265,30 +265,23 @@ def main(argv: list[str] | None = None) -> int:
         f"the callback's own calls back to back: "
         f"{statistics.median(m for m, _ in rows[RAW[2]]):.1f} us.\n\n"
     )
-    beyond_empty = [
-        m - e
-        for (m, _), (e, _) in zip(
-            rows["+ RunwatchCallback"], rows["+ empty TrainerCallback"], strict=True
-        )
-    ]
     summary += (
         f"Goal <= 5 us median beyond HF's own logging: {verdict} ({runwatch_beyond:+.1f} us). "
-        f"Beyond a callback that does nothing: {statistics.median(beyond_empty):+.1f} us "
-        f"({' / '.join(f'{b:+.1f}' for b in beyond_empty)})."
     )
-    beyond_own = [
-        m - e
-        for (m, _), (e, _) in zip(
-            rows["+ RunwatchCallback"], rows["+ a callback with its own empty on_log"], strict=True
+    for anchor, said in (
+        ("+ empty TrainerCallback", "a callback that does nothing"),
+        ("+ a callback with its own empty on_log", "a callback with its own empty on_log"),
+    ):
+        beyond = [
+            m - e for (m, _), (e, _) in zip(rows["+ RunwatchCallback"], rows[anchor], strict=True)
+        ]
+        summary += (
+            f"Beyond {said}: {statistics.median(beyond):+.1f} us "
+            f"({' / '.join(f'{b:+.1f}' for b in beyond)}). "
         )
-    ]
-    summary += (
-        f" Beyond a callback with its own empty on_log: {statistics.median(beyond_own):+.1f} us "
-        f"({' / '.join(f'{b:+.1f}' for b in beyond_own)})."
-    )
     again = [m - b for (m, _), b in zip(rows["hf alone, a second Trainer"], base, strict=True)]
     summary += (
-        f" The baseline against itself (a second Trainer): "
+        f"The baseline against itself (a second Trainer): "
         f"{' / '.join(f'{b:+.1f}' for b in again)} us."
     )
     text = "\n".join([header, "", *lines, "", summary])

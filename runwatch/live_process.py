@@ -41,7 +41,7 @@ from typing import Any
 from runwatch.hook.drops import DropCounter
 from runwatch.hook.frames import FrameReader, frame
 from runwatch.hook.writer import WriterSettings
-from runwatch.model import Event, SeriesBatch
+from runwatch.model import Event
 
 log = logging.getLogger("runwatch.live_process")
 
@@ -524,10 +524,6 @@ class _Host:
             "last_step": self.writer.last_step,
         }
 
-    def feed(self, batch: SeriesBatch, events: list[Event]) -> None:
-        if self.detection is not None:
-            self.detection(batch, events)
-
     def _close_writer(self, timeout: float) -> None:
         if self.writer is not None and not self._writer_closed:
             self._writer_closed = True
@@ -566,7 +562,7 @@ class _Host:
             store.set_run_status(self._run_id, "crashed")
         finally:
             store.close()
-        self.feed([], [crash])
+        self.detection([], [crash])
         log.warning("runwatch: %s; run marked crashed", crash.message)
         self.close(10.0, 10.0)
 
