@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import mmap
 import os
 import select
 import signal
@@ -38,13 +39,18 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from runwatch.hook._ring import HEADER_BYTES, RingWriter
 from runwatch.hook.drops import DropCounter
 from runwatch.hook.frames import FrameReader, frame
+from runwatch.hook.ring_feed import RingFeed
 from runwatch.hook.writer import WriterSettings
 from runwatch.model import Event
 
 log = logging.getLogger("runwatch.live_process")
 
+RING_BYTES = 16 << 20
+"""The ring ``run.log`` writes plain numbers to (``runwatch.hook._ring``): half of it holds
+about 80,000 calls of four numbers not yet stored before calls take the queue instead."""
 MAX_PENDING_BYTES = 64 << 20
 """What the training process keeps for a child that reads slower than the run logs (about
 two million points), before it drops points (counted)."""
@@ -85,10 +91,9 @@ class LiveProcess:
         self._answers: dict[int, tuple[threading.Event, float]] = {}
         self.on_counters: Any = None  # gets the writer's counters whenever the child sends them
         self.restarts = 0
-        # The frames sent and not yet accounted for by the child's counters (written or
-        # dropped): (points sent up to and with it, its last step, its points). What the
-        # children before the current one wrote.
-        self._sent = 0
+        # The frames sent and not yet stored by the child (its counters' ``kept_mark``):
+        # (its last item's mark in the ring, its last step, its points).
+        self._sent_mark = 0
         self._unconfirmed: collections.deque[tuple[int, int | None, int]] = collections.deque()
         self._orphaned: list[tuple[int, int | None, int]] = []  # a dead child's unconfirmed
         self._written_before = 0
@@ -98,8 +103,15 @@ class LiveProcess:
             "attempt": setup["writer"].attempt,
             "last_step": None,
         }
+        self._ring_fd = _shared_memory(HEADER_BYTES + RING_BYTES)
+        self._ring: RingWriter | None = None
         with self._lock:
-            self._spawn(self._setup)
+            self._spawn({**self._setup, "ring": {"fd": self._ring_fd}})
+
+    def open_ring(self, append: Any, on_full: Any) -> RingWriter:
+        """The ring's writing end (one per run); see ``runwatch.hook.forward.Channel``."""
+        self._ring = RingWriter(mmap.mmap(self._ring_fd, 0), append, on_full)
+        return self._ring
 
     def _spawn(self, setup: Mapping[str, Any]) -> None:
         """Start a child for ``setup`` with its records thread, and send it the setup."""
@@ -114,6 +126,7 @@ class LiveProcess:
             stdout=subprocess.PIPE,
             env=env,
             close_fds=True,
+            pass_fds=(self._ring_fd,),
         )
         assert proc.stdin is not None and proc.stdout is not None
         self._proc = proc
@@ -134,7 +147,9 @@ class LiveProcess:
         self._push()
 
     # -- called from the forward thread (``runwatch.hook.forward``) -------------------------
-    def send_items(self, message: bytes, points: int, last_step: int | None) -> None:
+    def send_items(
+        self, message: bytes, points: int, last_mark: int, last_step: int | None
+    ) -> None:
         """One drain of the run's queue, a frame pickled there (``runwatch.hook.forward``)."""
         with self._lock:
             if self._broken:
@@ -150,21 +165,22 @@ class LiveProcess:
                 )
                 return
             self._pending += message
-            self._sent += points
-            self._unconfirmed.append((self._sent, last_step, points))
+            self._sent_mark = last_mark
+            self._unconfirmed.append((last_mark, last_step, points))
             self._push()
 
-    def sync(self, timeout: float) -> bool:
-        """Wait until the child's writer stored all that was sent (its counters reach
-        ``on_counters`` first); False after ``timeout`` s or when the child is gone."""
+    def sync(self, timeout: float, head: int) -> bool:
+        """Wait until the child's writer stored all that was sent, and the ring up to
+        ``head`` (its counters reach ``on_counters`` first); False after ``timeout`` s or
+        when the child is gone."""
         deadline = time.monotonic() + timeout
         answered = threading.Event()
         with self._lock:
             if self._broken:
                 return False
             self._token += 1
-            self._answers[self._token] = (answered, timeout)
-            self._pending += frame(("sync", self._token, timeout))
+            self._answers[self._token] = (answered, timeout, head)
+            self._pending += frame(("sync", self._token, timeout, head))
             self._send_all(deadline)
         return answered.wait(max(0.0, deadline - time.monotonic()))
 
@@ -203,11 +219,12 @@ class LiveProcess:
         self._last = {**self._last, "written": 0, "dropped": {}}
         self._orphaned += self._unconfirmed
         self._unconfirmed.clear()
-        self._sent = 0
         if self.restarts >= MAX_RESTARTS:
             self._broken = True
             self._pending.clear()
             self._count_lost(None)
+            if self._ring is not None:
+                self._drops.add("worker_dead", self._ring.close(self._last["last_step"]))
             log.warning(
                 "runwatch: runwatch's process beside this one ended early (%s, exit code %s), "
                 "%d times; points logged from now on are dropped and counted (worker_dead), "
@@ -231,6 +248,7 @@ class LiveProcess:
             **self._setup,
             "writer": dataclasses.replace(writer, attempt=self._last["attempt"]),
             "resume": True,
+            "ring": self._ring_resumed(),
         }
         try:
             self._spawn(setup)
@@ -238,9 +256,20 @@ class LiveProcess:
             self._broken = True
             log.warning("runwatch: cannot start runwatch's process again (%s)", exc)
             return
-        for token, (_, timeout) in self._answers.items():
-            self._pending += frame(("sync", token, timeout))
+        for token, (_, timeout, head) in self._answers.items():
+            self._pending += frame(("sync", token, timeout, head))
         self._push()
+
+    def _ring_resumed(self) -> dict[str, Any]:
+        """Where a new child reads the ring from: after what the dead one stored. Up to
+        where that one had read, it skips the points the store holds (by step) and the
+        marks of items sent to it (their frames are counted by :meth:`_count_lost`)."""
+        resumed: dict[str, Any] = {"fd": self._ring_fd, "skip_mark": self._sent_mark}
+        if self._ring is not None:
+            resumed["start"], _ = self._ring.kept
+            resumed["until"] = self._ring.tail
+            resumed["names"] = self._ring.key_names()
+        return resumed
 
     # -- called from the thread that finishes the run -----------------------------------------
     def close(self, timeout: float, alert_timeout: float) -> bool:
@@ -266,6 +295,7 @@ class LiveProcess:
             self._proc.kill()
             self._proc.wait()
         self._records.join(5.0)
+        os.close(self._ring_fd)
         return self._proc.returncode == 0
 
     def _send_all(self, deadline: float) -> None:
@@ -340,12 +370,25 @@ class LiveProcess:
             if counters["last_step"] is None:  # a restarted child that wrote nothing yet
                 counters = {**counters, "last_step": self._last["last_step"]}
             self._last = counters
-            accounted = counters["written"] + sum(counters["dropped"].values())
-            while self._unconfirmed and self._unconfirmed[0][0] <= accounted:
+            while self._unconfirmed and self._unconfirmed[0][0] <= counters["kept_mark"]:
                 self._unconfirmed.popleft()
             total = {**counters, "written": counters["written"] + self._written_before}
         if self.on_counters is not None:
             self.on_counters(total)
+
+
+def _shared_memory(size: int) -> int:
+    """A file descriptor of ``size`` bytes of memory, for the child to map as well."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("runwatch-ring")
+    else:  # not Linux: a file no one else can open, gone once both processes close it
+        import tempfile
+
+        handle, path = tempfile.mkstemp(prefix="runwatch-ring-")
+        os.unlink(path)
+        fd = handle
+    os.ftruncate(fd, size)
+    return fd
 
 
 # -- the child ----------------------------------------------------------------------------------
@@ -401,14 +444,23 @@ def main() -> None:
     root.propagate = False
     reader = FrameReader(0)
     host: _Host | None = None
-    counted = time.monotonic()
+    counted = checked = time.monotonic()
     while True:
-        ready, _, _ = select.select([0], [], [], PARENT_CHECK_S)
+        wait = PARENT_CHECK_S if host is None else host.until_read()
+        ready, _, _ = select.select([0], [], [], wait)
+        now = time.monotonic()
+        if host is not None:
+            host.read_ring_when_due(now)
+            if now - counted >= COUNTERS_EVERY_S:
+                handler.send(("counters", host.counters()))
+                counted = now
         if not ready:
-            if os.getppid() != parent:
-                if host is not None:
-                    host.parent_died(parent)
-                return
+            if now - checked >= PARENT_CHECK_S:
+                checked = now
+                if os.getppid() != parent:
+                    if host is not None:
+                        host.parent_died(parent)
+                    return
             continue
         messages = reader.read()
         if messages is None:  # the parent closed the pipe without finishing: it is gone
@@ -421,16 +473,17 @@ def main() -> None:
                 setup = message[1]
                 root.setLevel(setup.pop("log_level"))
                 host = _Host(setup)
+                stored_step = None
                 if setup.get("resume"):
-                    handler.send(("resumed", host.resume()))
+                    stored_step = host.resume()
+                    handler.send(("resumed", stored_step))
                 host.start_writer(setup["writer"], parent)
+                host.open_ring(setup["ring"], stored_step)
             elif kind == "items" and host is not None:
-                host.take(message[1], message[2])
-                if time.monotonic() - counted >= COUNTERS_EVERY_S:
-                    handler.send(("counters", host.counters()))
-                    counted = time.monotonic()
+                host.arrived(message[1], message[3])
             elif kind == "sync" and host is not None:
-                host.flush(message[2])
+                host.read_ring(message[3])
+                host.flush(message[2])  # and hands what it stored back to the ring
                 handler.send(("synced", message[1], host.counters()))
             elif kind == "finish" and host is not None:
                 host.close(message[1], message[2])
@@ -454,6 +507,8 @@ class _Host:
         owned, self._locks = claim_live_detection(self._store_path, self._run_id, wait)
         self.detection: LiveDetection | None = None
         self.writer: Any = None
+        self.feed: RingFeed | None = None
+        self._read_due = 0.0
         self._writer_closed = False
         self.engine = None
         if not owned:
@@ -503,17 +558,56 @@ class _Host:
         self._backend = backend
         self.writer.worker.start()
 
-    def take(self, items: list[Any], points: int) -> None:
-        """One drain of the training process's queue, as it was queued, and its points as
-        counted there (``Flow.add_drained``)."""
+    def open_ring(self, ring: Mapping[str, Any], stored_step: int | None) -> None:
+        """Read the training process's ring (``setup["ring"]``), from where the child before
+        this one left it, if there was one (``LiveProcess._ring_resumed``)."""
+        self.feed = RingFeed(
+            ring["fd"],
+            start=ring.get("start"),
+            until=ring.get("until", 0),
+            names=ring.get("names"),
+            skip_mark=ring.get("skip_mark", 0),
+            stored_step=stored_step,
+        )
+        self._interval = self.writer.worker.interval
+
+    def until_read(self) -> float:
+        """Seconds until the ring is due to be read (at the writer's interval)."""
+        return max(0.0, min(PARENT_CHECK_S, self._read_due - time.monotonic()))
+
+    def read_ring_when_due(self, now: float) -> None:
+        if now >= self._read_due:
+            self._read_due = now + self._interval
+            self.read_ring()
+
+    def arrived(self, items: list[Any], marks: list[int]) -> None:
+        """Queued items, each with its place in the ring: take them and what the ring
+        held up to them now."""
+        assert self.feed is not None
+        self.feed.arrived(items, marks)
+        self.read_ring()
+
+    def read_ring(self, stop: int | None = None) -> None:
+        """Hand the writer what the ring holds (up to byte ``stop``), and hand back to the
+        ring what the writer has stored."""
+        feed, rounds = self.feed, self.writer.worker.rounds
+        assert feed is not None
+        feed.keep(rounds)
+        feed.read(self._take, stop)
+        feed.taken(rounds)
+
+    def _take(self, items: list[Any], points: int) -> None:
+        """Items in the order they were logged, and their points as the training process
+        counted them."""
         self._flow.add_queued(points)
         put = self.writer.worker.put
         for item in items:
             put(item)
-        self.writer.worker.wake()  # written now: the forward thread kept to the clock
+        self.writer.worker.wake()  # written now: the ring is read on the writer's clock
 
     def flush(self, timeout: float) -> None:
-        self.writer.worker.flush(timeout)
+        if self.writer.worker.flush(timeout) and self.feed is not None:
+            self.feed.stored()
 
     def counters(self) -> dict[str, Any]:
         """What the training process's ``run.stats()`` and ``finish`` need of the writer."""
@@ -522,6 +616,7 @@ class _Host:
             "dropped": self.writer._drops.snapshot(),
             "attempt": self.writer.attempt,
             "last_step": self.writer.last_step,
+            "kept_mark": self.feed.kept_mark if self.feed is not None else 0,
         }
 
     def _close_writer(self, timeout: float) -> None:
@@ -530,7 +625,14 @@ class _Host:
             self.writer.worker.close(timeout)
             self._backend.store.close()
 
+    def _read_last(self) -> None:
+        """The training process has finished or died: read the ring to its end."""
+        if self.feed is not None and self.writer is not None and not self._writer_closed:
+            self.feed.last()
+            self.read_ring()
+
     def close(self, timeout: float, alert_timeout: float) -> None:
+        self._read_last()
         self._close_writer(timeout)
         if self.detection is not None:
             self.detection.close(timeout)
@@ -544,6 +646,7 @@ class _Host:
         then record the crash, which forms an incident (and an alert, with rules)."""
         from runwatch.store import Store
 
+        self._read_last()
         self._close_writer(10.0)
         if self.detection is None:
             return  # another process owns the run, and judges its end

@@ -16,6 +16,8 @@ The thread that drains the queue holds the GIL the training loop waits for;
 from cpython.dict cimport PyDict_Copy
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
+from runwatch.hook._ring cimport RingWriter
+
 
 cdef inline double wall_now() noexcept nogil:
     """``time.time()``: the same clock, the same nanoseconds-to-seconds rounding."""
@@ -59,6 +61,7 @@ cdef class RunGate:
     cdef public object _context_given
     cdef public Flow _flow
     cdef public long long _wake_at
+    cdef public RingWriter _ring  # None: everything goes through ``_put``
 
     def __cinit__(self, *args, **kwargs):
         self._next_step = 0
@@ -94,8 +97,15 @@ cdef class RunGate:
             self._refuse_call(data, step)
 
     cdef _queue(self, step, dict data, Py_ssize_t n, bint copy):
-        """Put ``data`` (copied first unless the caller made it) on the writer's queue, if
-        the bound lets its ``n`` points in."""
+        """Write ``data``'s numbers to the ring runwatch's process reads, if there is one
+        and they are plain numbers; else put ``data`` (copied first unless the caller made
+        it) on the writer's queue, if the bound lets its ``n`` points in."""
+        cdef Flow flow
+        if self._ring is not None and self._ring.put_points(step, wall_now(), data):
+            flow = self._flow
+            flow.queued += n
+            flow.drained += n
+            return
         if self._count(n):
             self._put((step, wall_now(), PyDict_Copy(data) if copy else data))
 

@@ -128,6 +128,8 @@ class Drain:
         self._pid = os.getpid()
         self.lost = 0
         self.drains = 0  # how many times the thread woke and took something
+        # Wake-ups done: everything queued before one began is written once it is counted.
+        self.rounds = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> bool:
@@ -240,6 +242,7 @@ class Drain:
             # Every wake-up ticks, even with nothing taken: what was written but not yet
             # judged (``Writer._judge``) must not wait for the next call.
             self._run_tick()
+            self.rounds += 1
             now = clock()
             self._adapt(now - started - (cpu() - cpu_started))
             # A backlog that grew while we worked (a tight loop): go again at once.

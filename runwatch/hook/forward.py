@@ -2,11 +2,15 @@
 
 The writer's Python (checking values, building columns, the store's statements, each a GIL
 hand-over) took the GIL from the training loop at every drain (``bench/README-hook-cadence.md``).
-Here the run's queue is still drained on the writer's clock (:class:`~runwatch.hook.drain.Drain`),
-but a drain only pickles what was queued, as it was queued, and writes it to the child's
-pipe: one C call and one system call. The child runs the :class:`~runwatch.hook.writer.Writer`,
-the store and live detection. ``flush()`` and ``finish()`` wait for the child to say the
-points are stored; drops it counts come back with that answer.
+A plain ``run.log`` call writes its numbers to a ring in shared memory
+(``runwatch.hook._ring``), which the child reads on its own clock: no thread here touches
+them. Everything else (a tensor value, a context, an event, a framework's log this run
+follows) is queued with its place marked in the ring, and the queue is drained on the
+writer's clock (:class:`~runwatch.hook.drain.Drain`): a drain pickles what was queued, as it
+was queued, and writes it to the child's pipe, one C call and one system call. The child runs
+the :class:`~runwatch.hook.writer.Writer`, the store and live detection. ``flush()`` and
+``finish()`` wait for the child to say the points are stored; drops it counts come back with
+that answer.
 
 A value with ``.item()`` (a tensor, a NumPy number) is read here, on this thread, as the
 writer would read it; one that pickle cannot take is sent refused, so the writer counts it
@@ -21,7 +25,8 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from runwatch.hook._log_gate import Flow
-from runwatch.hook.drain import Drain, Followed
+from runwatch.hook._ring import RingWriter
+from runwatch.hook.drain import Drain
 from runwatch.hook.drops import DropCounter
 from runwatch.hook.frames import frame
 from runwatch.hook.values import Refused, RefusedValue, to_float
@@ -38,13 +43,24 @@ class Channel(Protocol):
     """Called with the child's writer's counters (``written``, ``dropped``, ``attempt``,
     ``last_step``) each time it sends them: every second, at a sync, at its end."""
 
-    def send_items(self, message: bytes, points: int, last_step: int | None) -> None:
-        """Queue one drain's items, a whole frame (``("items", items, points)``) for the
-        child; never blocks. ``last_step``: the step of its last item, if it has one."""
+    def open_ring(
+        self, append: Callable[[Any], None], on_full: Callable[[Any], None]
+    ) -> RingWriter:
+        """The ring the child reads, written here; ``append`` queues a marked item, and
+        ``on_full`` gets one the ring had no room to mark."""
         ...
 
-    def sync(self, timeout: float) -> bool:
-        """Wait until the child stored everything sent; False after ``timeout``."""
+    def send_items(
+        self, message: bytes, points: int, last_mark: int, last_step: int | None
+    ) -> None:
+        """Queue one drain's items, a whole frame (``("items", items, points, marks)``) for
+        the child; never blocks. ``last_mark``: its items' highest mark in the ring;
+        ``last_step``: the step of its last item, if it has one."""
+        ...
+
+    def sync(self, timeout: float, head: int) -> bool:
+        """Wait until the child stored everything sent and the ring up to ``head`` (bytes);
+        False after ``timeout``."""
         ...
 
 
@@ -72,7 +88,8 @@ class Forwarder:
         self.last_step: int | None = None
         self._items: list[Any] = []
         self._points = 0
-        self._followed = Followed(flow)
+        self._marks: list[int] = []  # each of ``_items``'s mark in the ring
+        self._sources: list[Callable[[], list[Any]]] = []
         self.worker = Drain(
             "runwatch-forward",
             self._take,
@@ -86,33 +103,67 @@ class Forwarder:
             unit="points",
             logger=log,
         )
+        self.ring = channel.open_ring(self.worker.put, self._full)
+        """Where ``run.log`` writes plain numbers, and ``ring.put_marked`` queues the rest."""
 
     def follow(self, source: Callable[[], list[Any]]) -> None:
-        """As ``Writer.follow``: ``source()``'s items are taken at every drain, here."""
-        self._followed.add(self.worker, source)
+        """As ``Writer.follow``: ``source()``'s items are taken at every drain, here, and
+        queued with their place marked in the ring (counted as queued)."""
+        self._sources.append(source)
+        self.worker.pull = self._pull
 
-    def _take(self, items: list[Any]) -> bool:
+    def _pull(self) -> list[tuple[int, Any]]:
+        """The sources' new items, each with its mark."""
+        marked, n = [], 0
+        for source in self._sources:
+            for item in source():
+                n += len(item[2])
+                mark = self.ring.mark()
+                if mark:
+                    marked.append((mark, item))
+                else:
+                    self._full(item)
+        self._flow.add_queued(n)
+        return marked
+
+    def _full(self, item: Any) -> None:
+        """``item`` found no room for its mark: runwatch's process has stopped reading."""
+        self._drops.add("queue_full", self._flow.add_drained([item]))
+        self._drops.warn_once(
+            "ring full",
+            "runwatch: runwatch's process stopped reading what this one logs; dropping "
+            "points (counted as queue_full)",
+        )
+
+    def _take(self, marked: list[tuple[int, Any]]) -> bool:
+        """Queued ``(mark, item)`` pairs (``RingWriter.put_marked``, :meth:`_pull`)."""
+        items = [item for _, item in marked]
         self._points += self._flow.add_drained(items)
         self._items.extend(items)
+        self._marks.extend(mark for mark, _ in marked)
         return len(self._items) >= 65_536
 
     def _send(self) -> None:
         items, self._items = self._items, []
+        marks, self._marks = self._marks, []
         points, self._points = self._points, 0
         if not items:
             return
         try:
-            message = frame(("items", items, points), _Pickler)
+            message = frame(("items", items, points, marks), _Pickler)
         except Exception:  # something pickle cannot take: item by item, refusing it
-            message = frame(("items", [_sendable(item) for item in items], points), _Pickler)
+            sendable = [_sendable(item) for item in items]
+            message = frame(("items", sendable, points, marks), _Pickler)
         last = items[-1]
         step = last[0] if type(last) is tuple else getattr(last, "step", None)
-        self._channel.send_items(message, points, step if type(step) is int else None)
+        self._channel.send_items(message, points, max(marks), step if type(step) is int else None)
 
     def _sync(self) -> None:
-        """At ``flush()``: send, then wait for the child to have stored it all."""
+        """At ``flush()``: send, then wait for the child to have stored it all, and the
+        ring as far as it was written now."""
+        head = self.ring.head
         self._send()
-        self._channel.sync(self._flush_timeout)
+        self._channel.sync(self._flush_timeout, head)
 
     def _apply(self, counters: dict[str, Any]) -> None:
         """The child's writer's counters, as it sends them (every second, at a sync, at its

@@ -230,7 +230,14 @@ class Run(RunGate):
                 self._backend, flow=self._flow, drops=self._drops, sink=sink
             )
         # The hot path puts straight on the writer's queue: run.log bounds and counts itself.
+        # With runwatch's process, plain numbers go to its ring and the rest is queued with
+        # its place marked there.
         self._put = self._writer.worker.put
+        if isinstance(self._writer, Forwarder):
+            self._ring = self._writer.ring
+            self._put = self._ring.put_marked
+            # The bound on what waits unstored holds there too (about 16 bytes a point).
+            self._ring.limit = min(self._ring.limit, 16 * max_pending_points)
         self._wake = self._writer.worker.wake
         if not self._writer.worker.start():  # interpreter shutting down: disabled, logged
             return
@@ -498,6 +505,7 @@ class Run(RunGate):
         if self._extras is not None:
             self._extras.after_fork()  # their threads did not survive the fork
         self._put = _nothing
+        self._ring = None  # the parent's: never written from here
 
 
 def init(

@@ -1,5 +1,6 @@
 """The hook stays light: `import runwatch` and a run without the Monitor load none of our
-compiled detection cores (only the hook's own compiled gate, ``run.log``'s hot path), and none
+compiled detection cores (only the hook's own compiled gate, ``run.log``'s hot path, and the ring
+it writes to), and none
 of the heavy packages that detection, the readers or the web stack need
 (bench/README-import.md has the figures)."""
 
@@ -10,7 +11,7 @@ import os
 import subprocess
 import sys
 
-HOOK_GATE = ["runwatch.hook._log_gate"]
+HOOK_GATE = ["runwatch.hook._log_gate", "runwatch.hook._ring"]
 HEAVY = ("pandas", "scipy", "httpx", "streamlit", "plotly", "fastapi", "uvicorn", "yaml")
 
 

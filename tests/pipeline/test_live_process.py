@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import runwatch
@@ -232,28 +233,47 @@ def test_a_child_that_keeps_dying_is_given_up_and_what_follows_is_counted(
     assert stats["dropped"]["worker_dead"] == 50
 
 
-def test_points_sent_to_a_child_that_died_before_storing_them_are_counted_lost(
-    tmp_path: Path,
-) -> None:
+def _log_while_the_child_is_stopped_then_kill_it(run: Any, value: Any) -> None:
+    """Steps 0-99 stored; steps 100-149 logged as ``value`` while runwatch's process reads
+    nothing, then it is killed and started again; steps 150-199 after."""
     import time
 
-    db = tmp_path / "run.db"
-    run = runwatch.init(name="in-flight", store=str(db))
     for step in range(100):
         run.log({"loss": 1.0}, step=step)
     assert run.flush()
-    child = run._extras.process._proc.pid
-    os.kill(child, signal.SIGSTOP)  # it reads nothing more: what is sent stays in the pipe
+    os.kill(run._extras.process._proc.pid, signal.SIGSTOP)  # it reads nothing more
     for step in range(100, 150):
-        run.log({"loss": 1.0}, step=step)
-    time.sleep(0.5)  # several drains: all 50 sent
+        run.log({"loss": value}, step=step)
+    time.sleep(0.5)  # several drains: all that takes the pipe is sent
     _kill_child_and_wait_for_restart(run, 1)
     deadline = time.monotonic() + 30
-    while run.stats()["dropped"].get("worker_dead") != 50 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    while run._extras.process._orphaned and time.monotonic() < deadline:
+        time.sleep(0.05)  # the new child has said what the store holds
     for step in range(150, 200):
         run.log({"loss": 1.0}, step=step)
     assert run.flush()
+
+
+def test_points_in_the_ring_that_a_dead_child_never_stored_are_stored_by_the_next(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "run.db"
+    run = runwatch.init(name="in-ring", store=str(db))
+    _log_while_the_child_is_stopped_then_kill_it(run, 1.0)
+    stats = run.stats()
+    run.finish()
+    assert stats["dropped"] == {} and stats["written"] == 200
+    with runwatch.open_store(db) as store:
+        assert store.read_series("in-ring", "loss")["step"].tolist() == list(range(200))
+
+
+def test_points_sent_to_a_child_that_died_before_storing_them_are_counted_lost(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "run.db"
+    run = runwatch.init(name="in-flight", store=str(db))
+    # A NumPy number is not a plain float: it takes the queue and the pipe, not the ring.
+    _log_while_the_child_is_stopped_then_kill_it(run, np.float32(1.0))
     stats = run.stats()
     run.finish()
     assert stats["dropped"] == {"worker_dead": 50} and stats["written"] == 150

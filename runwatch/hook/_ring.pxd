@@ -1,0 +1,31 @@
+from libc.stdint cimport uint64_t
+
+
+cdef class _Mapped:
+    cdef object _view  # keeps the mapping's buffer exported while we hold pointers into it
+    cdef unsigned char *_base
+    cdef unsigned char *_data
+    cdef uint64_t _size
+
+    cdef uint64_t *_at(self, Py_ssize_t offset) noexcept
+
+
+cdef class RingWriter(_Mapped):
+    cdef uint64_t _head
+    cdef dict _keys
+    cdef public uint64_t marks
+    cdef public uint64_t limit  # unstored bytes past which calls take the queue
+    cdef bint _closed
+    cdef object _append
+    cdef object _on_full
+
+    cdef unsigned char *_claim(self, uint64_t size, uint64_t limit) noexcept
+    cdef void _publish(self, uint64_t size) noexcept
+    cdef int _define(self, str name) except -1
+    cdef bint put_points(self, object step, double time, dict data) except -1
+    cpdef uint64_t mark(self)
+
+
+cdef class RingReader(_Mapped):
+    cdef uint64_t _tail
+    cdef list _names

@@ -1,0 +1,123 @@
+"""runwatch's process reading the ring the training process writes (``runwatch.hook._ring``):
+``run.log``'s points and the items queued there, in the order they were logged.
+
+A queued item arrives through the pipe, numbered by its mark; the ring is read up to the
+first mark whose item has not arrived yet. What the writer has stored is handed back to
+the ring (``keep``), so the training process may write over it and a child started again
+after this one died reads from there.
+"""
+
+from __future__ import annotations
+
+import collections
+import mmap
+from collections.abc import Callable
+from typing import Any
+
+from runwatch.hook._ring import RingReader
+
+
+def points_of(item: Any) -> int:
+    """Points an item counts for, as the training process counted it queued
+    (``Flow.add_drained``): a ``run.log`` call its values, anything else one."""
+    if type(item) is tuple and len(item) >= 3 and type(item[2]) is dict:
+        return len(item[2])
+    return 1
+
+
+class RingFeed:
+    """Reads ``fd``'s ring into a writer's queue.
+
+    ``start``/``names``: where a restarted child begins, and the key names written before.
+    Up to byte ``until`` (what the dead child had read) points at steps up to
+    ``stored_step`` are stored already and skipped, and so are marks up to ``skip_mark``
+    (items sent to the dead child, counted by the training process).
+    """
+
+    def __init__(
+        self,
+        fd: int,
+        *,
+        start: int | None = None,
+        until: int = 0,
+        names: list[str] | None = None,
+        skip_mark: int = 0,
+        stored_step: int | None = None,
+    ) -> None:
+        self._reader = RingReader(mmap.mmap(fd, 0), start, names)
+        self._until = until
+        self._stored_step = stored_step
+        self._arrived: dict[int, Any] = {}  # queued items by mark, until the ring reaches them
+        self._through = skip_mark  # every item marked up to here has arrived (or is skipped)
+        self._ahead: set[int] = set()  # marks arrived beyond ``_through``
+        self._taken_mark = skip_mark
+        self.kept_mark = skip_mark
+        """The last mark whose item the writer has stored (or that was skipped)."""
+        # (the writer's rounds when the items were queued, ring position, last mark)
+        self._taken: collections.deque[tuple[int, int, int]] = collections.deque()
+
+    def arrived(self, items: list[Any], marks: list[int]) -> None:
+        """Queued items from the pipe, with their marks."""
+        self._arrived.update(zip(marks, items, strict=True))
+        ahead = self._ahead
+        ahead.update(marks)
+        while self._through + 1 in ahead:
+            self._through += 1
+            ahead.remove(self._through)
+
+    def last(self) -> None:
+        """No more items will arrive (the training process finished or died): a mark
+        still without its item is passed over."""
+        self._through = 0xFFFF_FFFF_FFFF_FFFF
+
+    def read(self, take: Callable[[list[Any], int], None], stop: int | None = None) -> None:
+        """Hand what the ring holds (up to byte ``stop``), in order, to ``take(items,
+        points)``, in batches."""
+        reader = self._reader
+        end = 0xFFFF_FFFF_FFFF_FFFF if stop is None else stop
+        while True:
+            resuming = reader.position < self._until
+            records, _ = reader.read(self._through, min(end, self._until) if resuming else end)
+            if not records:
+                return
+            items: list[Any] = []
+            points = 0
+            for record in records:
+                if type(record) is int:
+                    item = self._arrived.pop(record, None)
+                    self._taken_mark = record
+                    if item is None:  # sent to a child that died, or not sendable
+                        continue
+                elif resuming and self._stored(record[0]):
+                    continue
+                else:
+                    item = record
+                items.append(item)
+                points += points_of(item)
+            if items:
+                take(items, points)
+
+    def _stored(self, step: int) -> bool:
+        return self._stored_step is not None and step <= self._stored_step
+
+    def taken(self, rounds: int) -> None:
+        """The writer had done ``rounds`` wake-ups when the last read's items reached it."""
+        taken = (rounds, self._reader.position, self._taken_mark)
+        if not self._taken or self._taken[-1][1:] != taken[1:]:
+            self._taken.append(taken)
+
+    def stored(self) -> None:
+        """The writer has stored all it was given (a flush): hand it all back."""
+        self._taken.clear()
+        self.kept_mark = self._taken_mark
+        self._reader.keep(self._reader.position, self.kept_mark)
+
+    def keep(self, rounds: int) -> None:
+        """The writer has done ``rounds`` wake-ups: hand back what it stored. Items queued
+        before a wake-up began are written once the wake-up after it ends."""
+        kept = None
+        while self._taken and self._taken[0][0] + 2 <= rounds:
+            kept = self._taken.popleft()
+        if kept is not None:
+            _, position, self.kept_mark = kept
+            self._reader.keep(position, self.kept_mark)
