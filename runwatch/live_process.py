@@ -110,7 +110,9 @@ class LiveProcess:
 
     def open_ring(self, append: Any, on_full: Any) -> RingWriter:
         """The ring's writing end (one per run); see ``runwatch.hook.forward.Channel``."""
-        self._ring = RingWriter(mmap.mmap(self._ring_fd, 0), append, on_full)
+        # Its pages made now, not on a first write in run.log (a page fault per 4 KiB).
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        self._ring = RingWriter(mmap.mmap(self._ring_fd, 0, flags), append, on_full)
         return self._ring
 
     def _spawn(self, setup: Mapping[str, Any]) -> None:

@@ -12,6 +12,7 @@ cdef class _Mapped:
 
 cdef class RingWriter(_Mapped):
     cdef uint64_t _head
+    cdef uint64_t _kept  # the reader's kept position, as last read
     cdef dict _keys
     cdef public uint64_t marks
     cdef public uint64_t limit  # unstored bytes past which calls take the queue
@@ -23,6 +24,7 @@ cdef class RingWriter(_Mapped):
     cdef void _publish(self, uint64_t size) noexcept
     cdef int _define(self, str name) except -1
     cdef bint put_points(self, object step, double time, dict data) except -1
+    cdef bint _define_all(self, dict data) except -1
     cpdef uint64_t mark(self)
 
 

@@ -13,10 +13,18 @@ numbered mark in the ring, which goes with it, so the reader takes it exactly wh
 logged.
 """
 
-from cpython.dict cimport PyDict_GetItem, PyDict_Next, PyDict_SetItem
-from cpython.float cimport PyFloat_AS_DOUBLE
-from cpython.long cimport PyLong_AsDouble, PyLong_AsLongLong
+from cpython.bool cimport PyBool_Check
+from cpython.dict cimport PyDict_GetItem, PyDict_Next
+from cpython.exc cimport PyErr_Clear, PyErr_Occurred
+from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
+from cpython.long cimport (
+    PyLong_AsDouble,
+    PyLong_AsLong,
+    PyLong_AsLongLongAndOverflow,
+    PyLong_CheckExact,
+)
 from cpython.ref cimport PyObject
+from cpython.unicode cimport PyUnicode_CheckExact
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
@@ -93,6 +101,7 @@ cdef class RingWriter(_Mapped):
     def __init__(self, mapping, append, on_full):
         _Mapped.__init__(self, mapping)
         self._head = ring_load(self._at(_HEAD))
+        self._kept = ring_load(self._at(_KEPT))
         self.limit = self._size // 2
         self._closed = False
         self._keys = {}
@@ -116,8 +125,11 @@ cdef class RingWriter(_Mapped):
             return NULL
         if offset + size > self._size:
             skip = self._size - offset
-        if self._head + skip + size - ring_load(self._at(_KEPT)) > limit:
-            return NULL
+        if self._head + skip + size - self._kept > limit:
+            # the reader's cache line, read only when the last value read says it is full
+            self._kept = ring_load(self._at(_KEPT))
+            if self._head + skip + size - self._kept > limit:
+                return NULL
         if skip:
             (<uint32_t *>(self._data + offset))[0] = <uint32_t>skip
             (<uint32_t *>(self._data + offset))[1] = PAD
@@ -151,7 +163,8 @@ cdef class RingWriter(_Mapped):
 
     cdef bint put_points(self, object step, double time, dict data) except -1:
         """Write one ``run.log`` call; False (nothing written) unless every key is a str,
-        every value an int, float or bool, the step an int, and the ring has room."""
+        every value an int, float or bool, the step an int, and the ring has room. One
+        pass over the dict; a call with a name not seen before defines it and goes again."""
         cdef Py_ssize_t n = len(data)
         cdef Py_ssize_t pos = 0
         cdef PyObject *key
@@ -162,34 +175,32 @@ cdef class RingWriter(_Mapped):
         cdef unsigned char *slot
         cdef double x
         cdef int64_t at
-        if type(step) is not int or n > MAX_VALUES or not -(1 << 62) < step < (1 << 62):
+        cdef int overflow = 0
+        if not PyLong_CheckExact(step) or n > MAX_VALUES:
             return False
-        at = PyLong_AsLongLong(step)
-        # Keys first, each published at once: a call that then fails leaves only names.
-        while PyDict_Next(data, &pos, &key, &value):
-            if type(<object>key) is not str:
-                return False
-            if PyDict_GetItem(self._keys, <object>key) == NULL:
-                if self._define(<str>key) < 0:
-                    return False
+        at = PyLong_AsLongLongAndOverflow(step, &overflow)
+        if overflow:
+            return False
         record = self._claim(size, self.limit)
         if record == NULL:
             return False
         slot = record + 24
-        pos = 0
         while PyDict_Next(data, &pos, &key, &value):
-            kind = type(<object>value)
-            if kind is float:
+            if not PyUnicode_CheckExact(<object>key):
+                return False
+            number = PyDict_GetItem(self._keys, <object>key)
+            if number == NULL:
+                return self._define_all(data) and self.put_points(step, time, data)
+            if PyFloat_CheckExact(<object>value):
                 x = PyFloat_AS_DOUBLE(<object>value)
-            elif kind is int or kind is bool:
-                try:
-                    x = PyLong_AsDouble(<object>value)
-                except OverflowError:
+            elif PyLong_CheckExact(<object>value) or PyBool_Check(<object>value):
+                x = PyLong_AsDouble(<object>value)
+                if x == -1.0 and PyErr_Occurred():
+                    PyErr_Clear()  # too large for a float: the writer refuses it, by kind
                     return False
             else:
                 return False
-            number = PyDict_GetItem(self._keys, <object>key)
-            (<uint32_t *>slot)[0] = <uint32_t>PyLong_AsLongLong(<object>number)
+            (<uint32_t *>slot)[0] = <uint32_t>PyLong_AsLong(<object>number)
             (<uint32_t *>slot)[1] = 0
             memcpy(slot + 8, &x, 8)
             slot += 16
@@ -198,6 +209,16 @@ cdef class RingWriter(_Mapped):
         memcpy(record + 8, &at, 8)
         memcpy(record + 16, &time, 8)
         self._publish(size)
+        return True
+
+    cdef bint _define_all(self, dict data) except -1:
+        """Define each of ``data``'s names not seen before; False if one is not a str or
+        the ring has no room. Each is published at once: the call may still fail later."""
+        for key in data:
+            if type(key) is not str:
+                return False
+            if PyDict_GetItem(self._keys, key) == NULL and self._define(<str>key) < 0:
+                return False
         return True
 
     cpdef uint64_t mark(self):
