@@ -1,4 +1,5 @@
-from libc.stdint cimport uint64_t
+from cpython.ref cimport PyObject
+from libc.stdint cimport uint32_t, uint64_t
 
 
 cdef class _Mapped:
@@ -13,7 +14,12 @@ cdef class _Mapped:
 cdef class RingWriter(_Mapped):
     cdef uint64_t _head
     cdef uint64_t _kept  # the reader's kept position, as last read
-    cdef dict _keys
+    cdef dict _keys  # name: its number
+    cdef list _names  # by number: the first str object seen for each name
+    # The names of the last calls by position, each one of ``_names``'s objects, and their
+    # numbers: a call with the same str objects in the same order skips the dict lookups.
+    cdef PyObject *_cached[16]
+    cdef uint32_t _cached_ids[16]
     cdef public uint64_t marks
     cdef public uint64_t limit  # unstored bytes past which calls take the queue
     cdef bint _closed

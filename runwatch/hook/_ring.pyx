@@ -53,6 +53,8 @@ cdef uint32_t MARK = 3     # u32 size, u32 kind, u64 number
 cdef uint32_t PAD = 4      # u32 size, u32 kind: the rest of the ring up to its end is empty
 cdef Py_ssize_t MAX_KEYS = 1 << 20
 cdef Py_ssize_t MAX_VALUES = 4096
+cdef enum:
+    KEY_CACHE = 16  # the first names of the last calls, by identity: most loops log the same
 
 
 cdef inline uint64_t _aligned(uint64_t n) noexcept nogil:
@@ -105,16 +107,14 @@ cdef class RingWriter(_Mapped):
         self.limit = self._size // 2
         self._closed = False
         self._keys = {}
+        self._names = []
         self.marks = 0
         self._append = append
         self._on_full = on_full
 
     def key_names(self):
         """The names by key number, for a reader that starts mid-ring."""
-        names = [None] * len(self._keys)
-        for name, number in self._keys.items():
-            names[number] = name
-        return names
+        return list(self._names)
 
     cdef unsigned char *_claim(self, uint64_t size, uint64_t limit) noexcept:
         """Room for a record of ``size`` bytes at the head, or NULL when more than ``limit``
@@ -159,6 +159,7 @@ cdef class RingWriter(_Mapped):
         memcpy(record + 16, <char *>encoded, len(encoded))
         self._publish(size)
         self._keys[name] = number
+        self._names.append(name)
         return number
 
     cdef bint put_points(self, object step, double time, dict data) except -1:
@@ -176,6 +177,8 @@ cdef class RingWriter(_Mapped):
         cdef double x
         cdef int64_t at
         cdef int overflow = 0
+        cdef Py_ssize_t i = 0
+        cdef uint32_t id
         if not PyLong_CheckExact(step) or n > MAX_VALUES:
             return False
         at = PyLong_AsLongLongAndOverflow(step, &overflow)
@@ -188,9 +191,16 @@ cdef class RingWriter(_Mapped):
         while PyDict_Next(data, &pos, &key, &value):
             if not PyUnicode_CheckExact(<object>key):
                 return False
-            number = PyDict_GetItem(self._keys, <object>key)
-            if number == NULL:
-                return self._define_all(data) and self.put_points(step, time, data)
+            if i < KEY_CACHE and self._cached[i] == key:
+                id = self._cached_ids[i]
+            else:
+                number = PyDict_GetItem(self._keys, <object>key)
+                if number == NULL:
+                    return self._define_all(data) and self.put_points(step, time, data)
+                id = <uint32_t>PyLong_AsLong(<object>number)
+                if i < KEY_CACHE and <PyObject *>self._names[id] == key:  # alive while we are
+                    self._cached[i] = key
+                    self._cached_ids[i] = id
             if PyFloat_CheckExact(<object>value):
                 x = PyFloat_AS_DOUBLE(<object>value)
             elif PyLong_CheckExact(<object>value) or PyBool_Check(<object>value):
@@ -200,10 +210,11 @@ cdef class RingWriter(_Mapped):
                     return False
             else:
                 return False
-            (<uint32_t *>slot)[0] = <uint32_t>PyLong_AsLong(<object>number)
+            (<uint32_t *>slot)[0] = id
             (<uint32_t *>slot)[1] = 0
             memcpy(slot + 8, &x, 8)
             slot += 16
+            i += 1
         (<uint32_t *>record)[0] = <uint32_t>size
         (<uint32_t *>record)[1] = POINTS
         memcpy(record + 8, &at, 8)

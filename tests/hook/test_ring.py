@@ -128,3 +128,22 @@ def test_a_reader_started_again_skips_what_the_store_holds_and_items_sent_before
         fd, start=kept, until=first._reader.position, names=names, skip_mark=1, stored_step=6
     )
     assert [item[0] for item in _read_all(again)] == [7, 8, 9, 11, 12]
+
+
+def test_names_are_read_back_whatever_their_order_and_whichever_str_objects_carry_them():
+    fd, ring, _, _ = _ring(1 << 16)
+    gate = _Gate(ring)
+    feed = RingFeed(fd)
+    logged = []
+    for step in range(40):
+        names = ["loss", "lr", "grad_norm"]
+        if step % 3 == 1:
+            names.reverse()
+        if step % 5 == 2:  # equal names in new str objects, as a format string makes them
+            names = ["".join(list(name)) for name in names]
+        if step % 7 == 3:
+            names = [*names, f"eval_{step}"]
+        values = {name: float(step * 10 + k) for k, name in enumerate(names)}
+        gate.log(values, step=step)
+        logged.append((step, values))
+    assert [(step, values) for step, _, values in _read_all(feed)] == logged
