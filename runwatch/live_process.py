@@ -87,8 +87,9 @@ class LiveProcess:
         self._closing = False
         self._drops = drops
         self._token = 0
-        # Each open sync's answer and timeout, by token: a restarted child gets them again.
-        self._answers: dict[int, tuple[threading.Event, float]] = {}
+        # Each open sync's answer, timeout and ring head, by token: a restarted child gets
+        # them again.
+        self._answers: dict[int, tuple[threading.Event, float, int]] = {}
         self.on_counters: Any = None  # gets the writer's counters whenever the child sends them
         self.restarts = 0
         # The frames sent and not yet stored by the child (its counters' ``kept_mark``):
@@ -510,6 +511,7 @@ class _Host:
         self.detection: LiveDetection | None = None
         self.writer: Any = None
         self.feed: RingFeed | None = None
+        self._interval = PARENT_CHECK_S  # the writer's, once it runs (``open_ring``)
         self._read_due = 0.0
         self._writer_closed = False
         self.engine = None

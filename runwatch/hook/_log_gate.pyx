@@ -8,6 +8,8 @@ miss (bench/README-hook-cadence.md). Here the call is one C function, its state 
 one struct, the dict copied by ``PyDict_Copy`` and the clock read by ``clock_gettime`` as
 ``time.time()`` reads it. ``Run`` subclasses ``RunGate``; every path but the plain call
 (a new context, a backlog, a closed run, bad input) goes back to ``Run``'s Python methods.
+With runwatch's process beside this one, a plain call's numbers go to its ring instead of
+the queue (``runwatch.hook._ring``).
 
 The thread that drains the queue holds the GIL the training loop waits for;
 ``take_batch`` makes its per-item loop one C call (``hook/drain.py``).

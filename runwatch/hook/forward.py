@@ -107,8 +107,8 @@ class Forwarder:
         """Where ``run.log`` writes plain numbers, and ``ring.put_marked`` queues the rest."""
 
     def follow(self, source: Callable[[], list[Any]]) -> None:
-        """As ``Writer.follow``: ``source()``'s items are taken at every drain, here, and
-        queued with their place marked in the ring (counted as queued)."""
+        """As ``Writer.follow``: ``source()``'s items are taken at every drain, here, each
+        marked in the ring where it is read (and counted as queued)."""
         self._sources.append(source)
         self.worker.pull = self._pull
 
