@@ -480,7 +480,7 @@ def main() -> None:
                 if setup.get("resume"):
                     stored_step = host.resume()
                     handler.send(("resumed", stored_step))
-                host.start_writer(setup["writer"], parent)
+                host.start_writer(setup["writer"], parent, stored_step)
                 host.open_ring(setup["ring"], stored_step)
             elif kind == "items" and host is not None:
                 host.arrived(message[1], message[3])
@@ -546,9 +546,11 @@ class _Host:
             self.detection.take_over(points, events)
         return int(points["step"].max()) if len(points) else None
 
-    def start_writer(self, settings: WriterSettings, parent: int) -> None:
+    def start_writer(self, settings: WriterSettings, parent: int, last_step: int | None) -> None:
         """The run's writer, here rather than in the training process (its items come
-        through ``take``): the store, and live detection as its sink."""
+        from the ring): the store, and live detection as its sink. ``last_step``: the last
+        step the store holds, when this child takes over from one that died, so that a step
+        that goes back still starts a new attempt."""
         from runwatch.hook._log_gate import Flow
         from runwatch.hook.backend import StoreBackend
         from runwatch.hook.drops import DropCounter
@@ -559,6 +561,7 @@ class _Host:
         self.writer = settings.build(
             backend, flow=self._flow, drops=DropCounter(), sink=self.detection, pid=parent
         )
+        self.writer.last_step = last_step
         self._backend = backend
         self.writer.worker.start()
 

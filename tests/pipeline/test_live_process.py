@@ -214,6 +214,27 @@ def test_a_child_killed_mid_run_is_started_again_and_goes_on_writing_and_detecti
     assert [e[2] for e in nonfinite] == [100, 300]
 
 
+def test_a_step_that_goes_back_after_a_restart_still_starts_a_new_attempt(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "run.db"
+    run = runwatch.init(name="went-back", store=str(db))
+    for step in range(200):
+        run.log({"loss": 1.0}, step=step)
+    assert run.flush()
+    _kill_child_and_wait_for_restart(run, 1)
+    for step in range(150, 250):  # resumed from a checkpoint at step 150
+        run.log({"loss": 2.0}, step=step)
+    assert run.flush()
+    run.finish()
+    with runwatch.open_store(db) as store:
+        attempts = store.attempts("went-back")
+        series = store.read_series("went-back", "loss")
+    assert attempts["start_step"].tolist()[-1] == 150 and len(attempts) == 2
+    assert series["step"].tolist() == list(range(250))
+    assert series["value"].tolist() == [1.0] * 150 + [2.0] * 100
+
+
 def test_a_child_that_keeps_dying_is_given_up_and_what_follows_is_counted(
     tmp_path: Path, caplog: Any
 ) -> None:
