@@ -204,9 +204,10 @@ class LiveProcess:
         for the rest of the run, at most ``MAX_RESTARTS`` times, then stop sending.
 
         The new child resumes the run's attempt, replays the run from the store into live
-        detection (``LiveDetection.take_over``), answers the syncs the old one left open,
-        and says the last step the store holds: the frames sent after it never reached the
-        store, and are counted as lost (``worker_dead``, :meth:`_count_lost`).
+        detection (``LiveDetection.take_over``), reads the ring from where the old one had
+        stored it (:meth:`_ring_resumed`), answers the syncs the old one left open, and says
+        the last step the store holds: the frames sent through the pipe after it never
+        reached the store, and are counted as lost (``worker_dead``, :meth:`_count_lost`).
         """
         if proc is not self._proc or self._broken or self._closing:
             return
@@ -269,7 +270,7 @@ class LiveProcess:
         marks of items sent to it (their frames are counted by :meth:`_count_lost`)."""
         resumed: dict[str, Any] = {"fd": self._ring_fd, "skip_mark": self._sent_mark}
         if self._ring is not None:
-            resumed["start"], _ = self._ring.kept
+            resumed["start"] = self._ring.kept
             resumed["until"] = self._ring.tail
             resumed["names"] = self._ring.key_names()
         return resumed

@@ -41,17 +41,24 @@ cdef class Flow:
         self.queued += n
 
     def add_drained(self, list items):
-        """Count the points of ``items`` taken off the queue as drained: a ``run.log`` or
-        collector call counts its dict's length, anything else one. In C, as the forward
-        thread does it for every item while the training loop may wait for the GIL."""
-        cdef long long n = 0
-        for item in items:
-            if type(item) is tuple and len(<tuple>item) >= 3 and type((<tuple>item)[2]) is dict:
-                n += len(<dict>(<tuple>item)[2])
-            else:
-                n += 1
+        """Count the points of ``items`` taken off the queue as drained (:func:`points_in`).
+        In C, as the forward thread does it for every item while the training loop may wait
+        for the GIL."""
+        cdef long long n = points_in(items)
         self.drained += n
         return n
+
+
+cpdef long long points_in(list items):
+    """The points ``items`` count for, as the run counts them queued: a ``run.log`` or
+    collector call its dict's length, anything else one."""
+    cdef long long n = 0
+    for item in items:
+        if type(item) is tuple and len(<tuple>item) >= 3 and type((<tuple>item)[2]) is dict:
+            n += len(<dict>(<tuple>item)[2])
+        else:
+            n += 1
+    return n
 
 
 cdef class RunGate:
@@ -103,13 +110,14 @@ cdef class RunGate:
         and they are plain numbers; else put ``data`` (copied first unless the caller made
         it) on the writer's queue, if the bound lets its ``n`` points in."""
         cdef Flow flow
-        if self._ring is not None and self._ring.put_points(step, wall_now(), data):
+        cdef double now = wall_now()
+        if self._ring is not None and self._ring.put_points(step, now, data):
             flow = self._flow
             flow.queued += n
             flow.drained += n
             return
         if self._count(n):
-            self._put((step, wall_now(), PyDict_Copy(data) if copy else data))
+            self._put((step, now, PyDict_Copy(data) if copy else data))
 
     cdef bint _count(self, Py_ssize_t n) except -1:
         """Count ``n`` points as queued; past half the bound the slow path wakes the writer

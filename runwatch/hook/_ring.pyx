@@ -45,7 +45,6 @@ HEADER_BYTES = _HEADER
 cdef Py_ssize_t _HEAD = 0      # bytes written, ever (the writer's)
 cdef Py_ssize_t _TAIL = 64     # bytes read, ever (the reader's)
 cdef Py_ssize_t _KEPT = 128    # bytes whose points are stored, ever (the reader's)
-cdef Py_ssize_t _KEPT_MARK = 136  # the last mark whose item is stored (the reader's)
 
 cdef uint32_t POINTS = 1   # u32 size, u32 kind, i64 step, f64 time, n x (u32 key, u32 0, f64)
 cdef uint32_t KEY = 2      # u32 size, u32 kind, u32 id, u32 length, the name's UTF-8
@@ -88,9 +87,8 @@ cdef class _Mapped:
 
     @property
     def kept(self):
-        """``(bytes, mark)``: everything before ``bytes`` is stored, and so is every
-        queued item up to mark number ``mark``."""
-        return ring_load(self._at(_KEPT)), ring_load(self._at(_KEPT_MARK))
+        """Bytes whose points and marked items are all stored."""
+        return ring_load(self._at(_KEPT))
 
 
 cdef class RingWriter(_Mapped):
@@ -289,13 +287,12 @@ cdef class RingReader(_Mapped):
         return self._tail
 
     def read(self, uint64_t last_mark, uint64_t stop=0xFFFFFFFFFFFFFFFF, Py_ssize_t limit=65536):
-        """``(items, points)``: up to ``limit`` records from the last read, in order, up to
-        byte ``stop`` at most. A point record is a ``run.log`` item ``(step, time, {name:
-        value})``; a mark is its number, an int. Stops before a mark numbered above
-        ``last_mark`` (its item has not come)."""
+        """Up to ``limit`` records from the last read, in order, up to byte ``stop`` at
+        most. A point record is a ``run.log`` item ``(step, time, {name: value})``; a mark
+        is its number, an int. Stops before a mark numbered above ``last_mark`` (its item
+        has not come)."""
         cdef uint64_t head = min(ring_load(self._at(_HEAD)), stop)
         cdef list items = []
-        cdef Py_ssize_t points = 0
         cdef unsigned char *record
         cdef uint32_t size, kind, n, i
         cdef int64_t step
@@ -316,7 +313,6 @@ cdef class RingReader(_Mapped):
                     memcpy(&x, record + 32 + 16 * i, 8)
                     values[names[(<uint32_t *>(record + 24 + 16 * i))[0]]] = x
                 items.append((step, time, values))
-                points += n
             elif kind == KEY:
                 i = (<uint32_t *>record)[2]
                 n = (<uint32_t *>record)[3]
@@ -331,10 +327,9 @@ cdef class RingReader(_Mapped):
                 items.append(mark)
             self._tail += size
         ring_store(self._at(_TAIL), self._tail)
-        return items, points
+        return items
 
-    def keep(self, uint64_t position, uint64_t mark):
-        """Everything before ``position`` is stored, and each queued item up to ``mark``:
+    def keep(self, uint64_t position):
+        """Everything before ``position`` is stored, with the items its marks stand for:
         the writer may write over it, and a reader started again begins there."""
-        ring_store(self._at(_KEPT_MARK), mark)
         ring_store(self._at(_KEPT), position)

@@ -14,15 +14,8 @@ import mmap
 from collections.abc import Callable
 from typing import Any
 
+from runwatch.hook._log_gate import points_in
 from runwatch.hook._ring import RingReader
-
-
-def points_of(item: Any) -> int:
-    """Points an item counts for, as the training process counted it queued
-    (``Flow.add_drained``): a ``run.log`` call its values, anything else one."""
-    if type(item) is tuple and len(item) >= 3 and type(item[2]) is dict:
-        return len(item[2])
-    return 1
 
 
 class RingFeed:
@@ -77,11 +70,10 @@ class RingFeed:
         end = 0xFFFF_FFFF_FFFF_FFFF if stop is None else stop
         while True:
             resuming = reader.position < self._until
-            records, _ = reader.read(self._through, min(end, self._until) if resuming else end)
+            records = reader.read(self._through, min(end, self._until) if resuming else end)
             if not records:
                 return
             items: list[Any] = []
-            points = 0
             for record in records:
                 if type(record) is int:
                     item = self._arrived.pop(record, None)
@@ -93,9 +85,8 @@ class RingFeed:
                 else:
                     item = record
                 items.append(item)
-                points += points_of(item)
             if items:
-                take(items, points)
+                take(items, points_in(items))
 
     def _stored(self, step: int) -> bool:
         return self._stored_step is not None and step <= self._stored_step
@@ -110,7 +101,7 @@ class RingFeed:
         """The writer has stored all it was given (a flush): hand it all back."""
         self._taken.clear()
         self.kept_mark = self._taken_mark
-        self._reader.keep(self._reader.position, self.kept_mark)
+        self._reader.keep(self._reader.position)
 
     def keep(self, rounds: int) -> None:
         """The writer has done ``rounds`` wake-ups: hand back what it stored. Items queued
@@ -120,4 +111,4 @@ class RingFeed:
             kept = self._taken.popleft()
         if kept is not None:
             _, position, self.kept_mark = kept
-            self._reader.keep(position, self.kept_mark)
+            self._reader.keep(position)

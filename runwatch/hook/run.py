@@ -225,19 +225,17 @@ class Run(RunGate):
                 max_interval=MAX_DRAIN_INTERVAL_S,
                 flush_timeout=self._finish_timeout,
             )
+            # Plain numbers go to the ring of runwatch's process, the rest is queued with
+            # its place marked there; the bound on what waits unstored holds there too
+            # (about 16 bytes a point).
+            self._ring = self._writer.ring
+            self._ring.limit = min(self._ring.limit, 16 * max_pending_points)
         else:
             self._writer = settings.build(
                 self._backend, flow=self._flow, drops=self._drops, sink=sink
             )
         # The hot path puts straight on the writer's queue: run.log bounds and counts itself.
-        # With runwatch's process, plain numbers go to its ring and the rest is queued with
-        # its place marked there.
-        self._put = self._writer.worker.put
-        if isinstance(self._writer, Forwarder):
-            self._ring = self._writer.ring
-            self._put = self._ring.put_marked
-            # The bound on what waits unstored holds there too (about 16 bytes a point).
-            self._ring.limit = min(self._ring.limit, 16 * max_pending_points)
+        self._put = self._writer.worker.put if self._ring is None else self._ring.put_marked
         self._wake = self._writer.worker.wake
         if not self._writer.worker.start():  # interpreter shutting down: disabled, logged
             return

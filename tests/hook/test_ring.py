@@ -102,7 +102,7 @@ def test_a_closed_ring_counts_its_unstored_points_and_sends_the_rest_to_the_queu
         gate.log({"a": 1.0, "b": 2.0}, step=step)
     reader.read(0)
     head = reader.position
-    reader.keep(head, 0)  # steps 0-9 stored
+    reader.keep(head)  # steps 0-9 stored
     for step in range(10, 20):
         gate.log({"a": 1.0, "b": 2.0}, step=step)
     assert ring.close(after_step=14) == 10  # steps 15-19, two points each
@@ -119,7 +119,7 @@ def test_a_reader_started_again_skips_what_the_store_holds_and_items_sent_before
     gate.log({"loss": np.float32(10.0)}, step=10)
     first.arrived([queued[0][1]], [queued[0][0]])
     _read_all(first)  # read to the end; the writer stored up to step 6, then died
-    kept, _ = ring.kept
+    kept = ring.kept
     assert kept == 0
     for step in range(11, 13):
         gate.log({"loss": float(step)}, step=step)
