@@ -168,7 +168,8 @@ class LiveProcess:
                 )
                 return
             self._pending += message
-            self._sent_mark = last_mark
+            # a frame's highest mark: a later frame's can be lower (a drain in chunks)
+            self._sent_mark = max(self._sent_mark, last_mark)
             self._unconfirmed.append((last_mark, last_step, points))
             self._push()
 

@@ -256,9 +256,10 @@ cdef class RingWriter(_Mapped):
         self._closed = True
         while at < self._head:
             record = self._data + at % self._size
-            memcpy(&step, record + 8, 8)
-            if (<uint32_t *>record)[1] == POINTS and (after_step is None or step > after_step):
-                points += ((<uint32_t *>record)[0] - 24) // 16
+            if (<uint32_t *>record)[1] == POINTS:  # a padding record may end the mapping
+                memcpy(&step, record + 8, 8)
+                if after_step is None or step > after_step:
+                    points += ((<uint32_t *>record)[0] - 24) // 16
             at += (<uint32_t *>record)[0]
         return points
 

@@ -147,3 +147,25 @@ def test_names_are_read_back_whatever_their_order_and_whichever_str_objects_carr
         gate.log(values, step=step)
         logged.append((step, values))
     assert [(step, values) for step, _, values in _read_all(feed)] == logged
+
+
+def test_a_closed_ring_counts_past_a_padding_record_at_the_very_end_of_the_mapping():
+    fd, ring, _, _ = _ring(4096)
+    ring.limit = 4096
+    gate = _Gate(ring)
+    reader = RingReader(mmap.mmap(fd, 0))
+    gate.log(
+        {"a": 1.0, "grad_norm": 2.0}, step=0
+    )  # the names' records: 24 and 32 bytes; then 56 a call
+    for step in range(1, 40):
+        gate.log({"a": 1.0, "grad_norm": 2.0}, step=step)
+    reader.read(0)
+    reader.keep(reader.position)
+    step = 40
+    while ring.head < 4088:  # the last record ends 8 bytes before the ring's end
+        gate.log({"a": 1.0, "grad_norm": 2.0}, step=step)
+        step += 1
+    assert ring.head == 4088
+    gate.log({"a": 1.0, "grad_norm": 2.0}, step=step)  # padded: 8 bytes, the mapping's last
+    assert ring.head == 4096 + 56
+    assert ring.close() == 2 * (step - 40 + 1)
