@@ -263,6 +263,17 @@ cdef class RingWriter(_Mapped):
             at += (<uint32_t *>record)[0]
         return points
 
+    def put_item(self, item):
+        """Write a followed source's ``(step, time, {name: value})`` item (``Run.follow``)
+        as a ``run.log`` call is written, so it outlives runwatch's process as those do.
+        False, nothing written, when it is not that or the ring has no room."""
+        if type(item) is not tuple or len(item) != 3:
+            return False
+        step, time, data = item
+        if not PyFloat_CheckExact(time) or type(data) is not dict:
+            return False
+        return self.put_points(step, PyFloat_AS_DOUBLE(time), data)
+
     def put_marked(self, item):
         """Queue ``(mark, item)`` for the forward thread, the item's place marked in the
         ring."""

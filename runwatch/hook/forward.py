@@ -4,8 +4,9 @@ The writer's Python (checking values, building columns, the store's statements, 
 hand-over) took the GIL from the training loop at every drain (``bench/README-hook-cadence.md``).
 A plain ``run.log`` call writes its numbers to a ring in shared memory
 (``runwatch.hook._ring``), which the child reads on its own clock: no thread here touches
-them. Everything else (a tensor value, a context, an event, a framework's log this run
-follows) is queued with its place marked in the ring, and the queue is drained on the
+them. A framework's log this run follows (``Run.follow``) goes there too, from the drain
+thread, when its values are plain numbers. Everything else (a tensor value, a context, an
+event) is queued with its place marked in the ring, and the queue is drained on the
 writer's clock (:class:`~runwatch.hook.drain.Drain`): a drain pickles what was queued, as it
 was queued, and writes it to the child's pipe, one C call and one system call. The child runs
 the :class:`~runwatch.hook.writer.Writer`, the store and live detection. ``flush()`` and
@@ -113,17 +114,25 @@ class Forwarder:
         self.worker.pull = self._pull
 
     def _pull(self) -> list[tuple[int, Any]]:
-        """The sources' new items, each with its mark."""
-        marked, n = [], 0
+        """The sources' new items: in the ring when they are plain numbers, as ``run.log``
+        writes them (handed over, and kept there if runwatch's process dies), else each
+        with its mark, to be sent."""
+        marked, ringed, n = [], [], 0
+        put, mark_next = self.ring.put_item, self.ring.mark
         for source in self._sources:
             for item in source():
                 n += len(item[2])
-                mark = self.ring.mark()
+                if put(item):
+                    ringed.append(item)
+                    continue
+                mark = mark_next()
                 if mark:
                     marked.append((mark, item))
                 else:
                     self._full(item)
         self._flow.add_queued(n)
+        if ringed:
+            self._flow.add_drained(ringed)
         return marked
 
     def _full(self, item: Any) -> None:

@@ -169,3 +169,19 @@ def test_a_closed_ring_counts_past_a_padding_record_at_the_very_end_of_the_mappi
     gate.log({"a": 1.0, "grad_norm": 2.0}, step=step)  # padded: 8 bytes, the mapping's last
     assert ring.head == 4096 + 56
     assert ring.close() == 2 * (step - 40 + 1)
+
+
+def test_a_followed_item_of_plain_numbers_is_written_as_a_call_and_anything_else_is_not():
+    fd, ring, _, _ = _ring(4096)
+    feed = RingFeed(fd)
+    assert ring.put_item((3, 12.5, {"loss": 2.0, "epoch": 1}))
+    refused = [
+        [3, 12.5, {"loss": 2.0}],  # not a tuple
+        (3, 12.5),
+        (3, 12, {"loss": 2.0}),  # the time is not a float
+        (3, 12.5, [("loss", 2.0)]),
+        (3, 12.5, {"loss": np.float32(2.0)}),  # a value that is not a plain number
+        ("3", 12.5, {"loss": 2.0}),
+    ]
+    assert [ring.put_item(item) for item in refused] == [False] * len(refused)
+    assert _read_all(feed) == [(3, 12.5, {"loss": 2.0, "epoch": 1.0})]

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -254,17 +256,21 @@ def test_a_child_that_keeps_dying_is_given_up_and_what_follows_is_counted(
     assert stats["dropped"]["worker_dead"] == 50
 
 
-def _log_while_the_child_is_stopped_then_kill_it(run: Any, value: Any) -> None:
-    """Steps 0-99 stored; steps 100-149 logged as ``value`` while runwatch's process reads
-    nothing, then it is killed and started again; steps 150-199 after."""
-    import time
-
+def _log_while_the_child_is_stopped_then_kill_it(
+    run: Any, value: Any, log_stopped: Callable[[int], None] | None = None
+) -> None:
+    """Steps 0-99 stored; steps 100-149 logged as ``value`` (or by ``log_stopped(step)``)
+    while runwatch's process reads nothing, then it is killed and started again; steps
+    150-199 after."""
     for step in range(100):
         run.log({"loss": 1.0}, step=step)
     assert run.flush()
     os.kill(run._extras.process._proc.pid, signal.SIGSTOP)  # it reads nothing more
     for step in range(100, 150):
-        run.log({"loss": value}, step=step)
+        if log_stopped is None:
+            run.log({"loss": value}, step=step)
+        else:
+            log_stopped(step)
     time.sleep(0.5)  # several drains: all that takes the pipe is sent
     _kill_child_and_wait_for_restart(run, 1)
     deadline = time.monotonic() + 30
@@ -286,6 +292,27 @@ def test_points_in_the_ring_that_a_dead_child_never_stored_are_stored_by_the_nex
     assert stats["dropped"] == {} and stats["written"] == 200
     with runwatch.open_store(db) as store:
         assert store.read_series("in-ring", "loss")["step"].tolist() == list(range(200))
+
+
+def test_a_followed_log_outlives_a_child_that_died_before_storing_it(tmp_path: Path) -> None:
+    db = tmp_path / "run.db"
+    run = runwatch.init(name="followed", store=str(db))
+    entries: list[tuple[int, float, dict[str, Any]]] = []
+
+    def source() -> list[tuple[int, float, dict[str, Any]]]:
+        taken = entries[:]
+        del entries[: len(taken)]
+        return taken
+
+    run.follow(source)  # as the HF callback follows the Trainer's log_history
+    _log_while_the_child_is_stopped_then_kill_it(
+        run, 1.0, lambda step: entries.append((step, time.time(), {"loss": 1.0}))
+    )
+    stats = run.stats()
+    run.finish()
+    assert stats["dropped"] == {} and stats["written"] == 200
+    with runwatch.open_store(db) as store:
+        assert store.read_series("followed", "loss")["step"].tolist() == list(range(200))
 
 
 def test_points_sent_to_a_child_that_died_before_storing_them_are_counted_lost(
