@@ -28,10 +28,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PARTS = ("wall", "cpu", "runnable", "off")
-STEPS = 400
 
 
-def child(src: str, blocks: int) -> dict[str, float]:
+def child(src: str, blocks: int, steps: int) -> dict[str, float]:
     sys.path.insert(0, src)
     import runwatch
 
@@ -55,7 +54,7 @@ def child(src: str, blocks: int) -> dict[str, float]:
             call = calls[kind]
             cpu0, runnable0 = cadence.schedstat()
             t = time.perf_counter()
-            for _ in range(STEPS):
+            for _ in range(steps):
                 cadence.work(n_work)
                 d = cadence.values(step[0] + 1)
                 if call is not None:
@@ -71,7 +70,7 @@ def child(src: str, blocks: int) -> dict[str, float]:
                 bare.get_nowait()
         for kind in ("put", "log"):
             for p in PARTS:
-                added[kind][p].append((parts[kind][p] - parts["none"][p]) / STEPS * 1e6)
+                added[kind][p].append((parts[kind][p] - parts["none"][p]) / steps * 1e6)
     run.finish()
     return {
         p: statistics.median(a - b for a, b in zip(added["log"][p], added["put"][p], strict=True))
@@ -84,10 +83,11 @@ def main() -> None:
     parser.add_argument("--before", help="a built checkout of the code before")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--blocks", type=int, default=20)
+    parser.add_argument("--block-steps", type=int, default=400)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.blocks)))
+        print(json.dumps(child(args.child, args.blocks, args.block_steps)))
         return
     versions = {"now": str(HERE.parent)}
     if args.before:
@@ -96,6 +96,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for name, src in versions.items():
             cmd = [sys.executable, __file__, "--child", src, "--blocks", str(args.blocks)]
+            cmd += ["--block-steps", str(args.block_steps)]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
             results[name].append(json.loads(out.strip().splitlines()[-1]))
     header = (
