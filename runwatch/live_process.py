@@ -418,22 +418,31 @@ class _RecordSender(logging.Handler):
             if record.exc_info:
                 fields["exc_text"] = logging.Formatter().formatException(record.exc_info)
             fields["exc_info"] = None
-            self.send(("log", fields))
+            if not self.send(("log", fields)):
+                self._fallback.emit(record)
         except OSError:
             self._fd = None
             self._fallback.emit(record)
         except Exception:
             self.handleError(record)
 
-    def send(self, message: Any) -> None:
-        """Any message to the parent (an answer to ``sync``, the last counters)."""
+    def send(self, message: Any) -> bool:
+        """Any message to the parent (an answer to ``sync``, the last counters); False when
+        the parent is gone. A broken pipe (the parent was killed) is not raised: the main
+        loop then finds the parent gone and reads the ring to its end, which a raise would
+        skip."""
         if self._fd is None:
-            return
+            return False
         data = frame(message)
         with self.lock:  # type: ignore[union-attr]
             view = memoryview(data)
-            while view:
-                view = view[os.write(self._fd, view) :]
+            try:
+                while view:
+                    view = view[os.write(self._fd, view) :]
+            except BrokenPipeError:
+                self._fd = None
+                return False
+        return True
 
 
 def main() -> None:

@@ -328,3 +328,13 @@ def test_points_sent_to_a_child_that_died_before_storing_them_are_counted_lost(
     with runwatch.open_store(db) as store:
         steps = store.read_series("in-flight", "loss")["step"].tolist()
     assert steps == list(range(100)) + list(range(150, 200))
+
+
+def test_a_message_to_a_parent_that_is_gone_is_dropped_rather_than_raised() -> None:
+    read_end, write_end = os.pipe()
+    sender = _RecordSender(write_end)
+    assert sender.send(("counters", {"written": 1}))
+    os.close(read_end)  # the training process was killed
+    assert not sender.send(("counters", {"written": 2}))  # a broken pipe, not raised
+    assert not sender.send(("counters", {"written": 3}))
+    os.close(write_end)
