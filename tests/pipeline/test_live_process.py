@@ -257,20 +257,16 @@ def test_a_child_that_keeps_dying_is_given_up_and_what_follows_is_counted(
 
 
 def _log_while_the_child_is_stopped_then_kill_it(
-    run: Any, value: Any, log_stopped: Callable[[int], None] | None = None
+    run: Any, log_stopped: Callable[[int], None]
 ) -> None:
-    """Steps 0-99 stored; steps 100-149 logged as ``value`` (or by ``log_stopped(step)``)
-    while runwatch's process reads nothing, then it is killed and started again; steps
-    150-199 after."""
+    """Steps 0-99 stored; steps 100-149 logged by ``log_stopped(step)`` while runwatch's
+    process reads nothing, then it is killed and started again; steps 150-199 after."""
     for step in range(100):
         run.log({"loss": 1.0}, step=step)
     assert run.flush()
     os.kill(run._extras.process._proc.pid, signal.SIGSTOP)  # it reads nothing more
     for step in range(100, 150):
-        if log_stopped is None:
-            run.log({"loss": value}, step=step)
-        else:
-            log_stopped(step)
+        log_stopped(step)
     time.sleep(0.5)  # several drains: all that takes the pipe is sent
     _kill_child_and_wait_for_restart(run, 1)
     deadline = time.monotonic() + 30
@@ -286,7 +282,9 @@ def test_points_in_the_ring_that_a_dead_child_never_stored_are_stored_by_the_nex
 ) -> None:
     db = tmp_path / "run.db"
     run = runwatch.init(name="in-ring", store=str(db))
-    _log_while_the_child_is_stopped_then_kill_it(run, 1.0)
+    _log_while_the_child_is_stopped_then_kill_it(
+        run, lambda step: run.log({"loss": 1.0}, step=step)
+    )
     stats = run.stats()
     run.finish()
     assert stats["dropped"] == {} and stats["written"] == 200
@@ -306,7 +304,7 @@ def test_a_followed_log_outlives_a_child_that_died_before_storing_it(tmp_path: P
 
     run.follow(source)  # as the HF callback follows the Trainer's log_history
     _log_while_the_child_is_stopped_then_kill_it(
-        run, 1.0, lambda step: entries.append((step, time.time(), {"loss": 1.0}))
+        run, lambda step: entries.append((step, time.time(), {"loss": 1.0}))
     )
     stats = run.stats()
     run.finish()
@@ -321,7 +319,9 @@ def test_points_sent_to_a_child_that_died_before_storing_them_are_counted_lost(
     db = tmp_path / "run.db"
     run = runwatch.init(name="in-flight", store=str(db))
     # A NumPy number is not a plain float: it takes the queue and the pipe, not the ring.
-    _log_while_the_child_is_stopped_then_kill_it(run, np.float32(1.0))
+    _log_while_the_child_is_stopped_then_kill_it(
+        run, lambda step: run.log({"loss": np.float32(1.0)}, step=step)
+    )
     stats = run.stats()
     run.finish()
     assert stats["dropped"] == {"worker_dead": 50} and stats["written"] == 150
