@@ -15,6 +15,8 @@ step, so that the machine's drift over a repeat, and what the setup before leave
 - ``hf alone``: the Trainer's default callbacks, ``report_to=[]`` (the baseline);
 - ``+ RunwatchCallback``: the same plus the callback with a real SQLite store and live
   detection on, as a user gets it from two lines;
+- ``+ RunwatchCallback, on_log in Python (before)`` (anchor): the same, its ``on_log`` the
+  Python method it was before it became one C call;
 - ``+ empty TrainerCallback`` (anchor): a callback that does nothing, so what HF's
   dispatch of any one callback's events costs at this cadence (the floor of a callback);
   its ``on_log`` is the function ``DefaultFlowCallback`` ran just before, warm;
@@ -61,6 +63,7 @@ RESULTS = Path(__file__).parent / "results" / "integration_overhead_hf.md"
 SETUPS = (
     "hf alone",
     "+ RunwatchCallback",
+    "+ RunwatchCallback, on_log in Python (before)",
     "+ empty TrainerCallback",
     "+ a callback with its own empty on_log",
     "+ TensorBoardCallback",
@@ -72,6 +75,7 @@ RAW = (
     "RunwatchCallback's own calls, back to back",
 )
 WRITER = "RunwatchCallback's writer thread, CPU per logged step"
+STALL_US = 50.0
 
 
 class OwnEmptyOnLog(transformers.TrainerCallback):
@@ -79,6 +83,22 @@ class OwnEmptyOnLog(transformers.TrainerCallback):
 
     def on_log(self, args, state, control, **kwargs):
         return None
+
+
+class PythonOnLog(RunwatchCallback):
+    """RunwatchCallback with its ``on_log`` as it was before it became one C call
+    (``LogHistoryMark``): the same mark, from a Python method (anchor)."""
+
+    def _follow(self, run, tokens_per_step):
+        super()._follow(run, tokens_per_step)
+        del self.on_log  # this class's method below
+
+    def on_log(self, args, state, control, **kwargs):
+        marks = self._marks
+        if marks is not None:
+            history = state.log_history
+            if history:
+                marks.append((history[-1], time.time()))
 
 
 def make_trainer(setup: str, tmp: Path, tag: str) -> tuple[transformers.Trainer, Any]:
@@ -95,6 +115,8 @@ def make_trainer(setup: str, tmp: Path, tag: str) -> tuple[transformers.Trainer,
     callbacks = []
     if setup == "+ RunwatchCallback":
         callbacks.append(RunwatchCallback(name=f"bench-{tag}", store=str(tmp / "bench.db")))
+    elif setup == SETUPS[2]:
+        callbacks.append(PythonOnLog(name=f"bench-py-{tag}", store=str(tmp / "bench.db")))
     elif setup == "+ empty TrainerCallback":
         callbacks.append(transformers.TrainerCallback())
     elif setup == "+ a callback with its own empty on_log":
@@ -116,19 +138,24 @@ def busy(seconds: float) -> None:
         x += sum(range(200))
 
 
-def measure_setups(steps: int, work: float, tmp: Path, tag: str) -> dict[str, np.ndarray]:
+def measure_setups(
+    steps: int, work: float, tmp: Path, tag: str
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Every setup's timed part, interleaved step by step (a fresh Trainer each, in a new
     random order each step), each step after its own ``work`` seconds of busy work: the
     machine's drift over a repeat, and what the setup before leaves behind, fall on all
-    setups alike, and every call still runs on cold caches."""
+    setups alike, and every call still runs on cold caches. Returned: the wall time of each
+    (us), and the training thread's CPU time over it (us), which leaves out the machine's
+    stalls (time the CPU was taken from the thread; bench/README-hook-cadence.md)."""
     trainers = {s: make_trainer(s, tmp, f"{tag}-{k}") for k, s in enumerate(SETUPS)}
     rng = np.random.default_rng(0)
     loss = 4.0 + rng.normal(0, 0.05, steps)
     grad = np.exp(rng.normal(0, 0.2, steps))
     out = {s: np.empty(steps) for s in SETUPS}
+    on_cpu = {s: np.empty(steps) for s in SETUPS}
     writer = writer_thread_id(trainers["+ RunwatchCallback"][0])
     writer_cpu = schedstat(writer)[0]
-    clock = time.perf_counter_ns
+    clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
     with open(os.devnull, "w") as sink:  # HF prints each log (ProgressCallback): keep it
         for i in range(steps):
             for j in rng.permutation(len(SETUPS)):
@@ -138,12 +165,14 @@ def measure_setups(steps: int, work: float, tmp: Path, tag: str) -> dict[str, np
                 busy(work)
                 logs = {"loss": float(loss[i]), "grad_norm": float(grad[i]), "learning_rate": 3e-4}
                 with contextlib.redirect_stdout(sink):
+                    c0 = cpu_clock()
                     t0 = clock()
                     trainer.control = handler.on_step_begin(args, state, trainer.control)
                     state.global_step += 1
                     trainer.control = handler.on_step_end(args, state, trainer.control)
                     trainer.log(logs)
                     out[setup][i] = clock() - t0
+                    on_cpu[setup][i] = cpu_clock() - c0
     writer_cpu = schedstat(writer)[0] - writer_cpu
     for trainer, args in trainers.values():
         trainer.control = trainer.callback_handler.on_train_end(
@@ -151,7 +180,7 @@ def measure_setups(steps: int, work: float, tmp: Path, tag: str) -> dict[str, np
         )
     timed = {s: v / 1000.0 for s, v in out.items()}  # us
     timed[WRITER] = np.array([writer_cpu / steps * 1e6])
-    return timed
+    return timed, {s: v / 1000.0 for s, v in on_cpu.items()}
 
 
 def writer_thread_id(trainer: transformers.Trainer) -> int:
@@ -214,10 +243,15 @@ def main(argv: list[str] | None = None) -> int:
 
     rows: dict[str, list[tuple[float, float]]] = {s: [] for s in SETUPS + RAW + (WRITER,)}
     means: dict[str, list[float]] = {s: [] for s in SETUPS + RAW + (WRITER,)}
+    cpu_rows: dict[str, list[float]] = {s: [] for s in SETUPS}
+    stalled: dict[str, list[float]] = {s: [] for s in SETUPS}
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(opts.repeats):
-            timed = measure_setups(opts.steps, opts.work_ms / 1000, Path(tmp), str(r))
+            timed, on_cpu = measure_setups(opts.steps, opts.work_ms / 1000, Path(tmp), str(r))
+            for setup, us in on_cpu.items():
+                cpu_rows[setup].append(float(np.median(us)))
+                stalled[setup].append(float(np.mean(timed[setup] - us > STALL_US)) * 100)
             for setup in RAW:
                 how = measure_direct if setup == RAW[2] else measure_raw
                 timed[setup] = how(setup, opts.steps, opts.work_ms / 1000, Path(tmp), f"{r}")
@@ -284,7 +318,24 @@ def main(argv: list[str] | None = None) -> int:
         f"The baseline against itself (a second Trainer): "
         f"{' / '.join(f'{b:+.1f}' for b in again)} us."
     )
-    text = "\n".join([header, "", *lines, "", summary])
+    cpu_base = cpu_rows["hf alone"]
+    cpu_lines = [
+        "The training thread's CPU time over the same timed parts, which leaves out the "
+        "machine's stalls (the wall time a part spent with its CPU taken away), and the "
+        f"share of parts that met one (wall over CPU by more than {STALL_US:.0f} us):",
+        "",
+        "| setup | CPU median us (per repeat) | CPU median beyond hf alone, us | "
+        "parts stalled, % (per repeat) |",
+        "|---|---|---|---|",
+    ]
+    for setup in SETUPS:
+        beyond = [c - b for c, b in zip(cpu_rows[setup], cpu_base, strict=True)]
+        cpu_lines.append(
+            f"| {setup} | {' / '.join(f'{c:.1f}' for c in cpu_rows[setup])} | "
+            f"{statistics.median(beyond):+.1f} ({' / '.join(f'{b:+.1f}' for b in beyond)}) | "
+            f"{' / '.join(f'{x:.0f}' for x in stalled[setup])} |"
+        )
+    text = "\n".join([header, "", *lines, "", summary, "", *cpu_lines])
     print(text)
     opts.out.parent.mkdir(parents=True, exist_ok=True)
     opts.out.write_text(
