@@ -12,8 +12,7 @@ With runwatch's process beside this one, a plain call's numbers go to its ring i
 the queue (``runwatch.hook._ring``).
 
 The thread that drains the queue holds the GIL the training loop waits for;
-``take_batch`` makes its per-item loop one C call (``hook/drain.py``). A framework callback's
-per-log mark (``LogHistoryMark``, the HF ``on_log``) is one C call for the same reason.
+``take_batch`` makes its per-item loop one C call (``hook/drain.py``).
 """
 
 from cpython.dict cimport PyDict_Copy
@@ -134,23 +133,6 @@ cdef class RunGate:
         """``_count`` for ``Run``'s slow paths: count a call's points before putting it,
         and only once its copy is made (a call that fails there must not stay pending)."""
         return self._count(n)
-
-
-cdef class LogHistoryMark:
-    """An HF ``TrainerCallback.on_log``: queues ``(state.log_history[-1], time.time())``
-    with ``append``, for the writer thread to read (``runwatch.integrations.hf``). In C, a
-    call on cold caches costs about a microsecond less than the same Python method
-    (bench/README-integrations-hf.md)."""
-
-    cdef object _append
-
-    def __init__(self, append):
-        self._append = append
-
-    def __call__(self, args, state, control, **kwargs):
-        history = state.log_history  # Trainer.log appended the entry just before
-        if history:
-            self._append((history[-1], wall_now()))
 
 
 def take_batch(items, Py_ssize_t limit, stop, marker_type):

@@ -10,8 +10,7 @@ optimizer steps, so the config holds ``params``, ``total_steps`` and the planned
 ``schedule`` from the start (the store takes a run's config when the run begins). Metrics
 keep HF's names except ``learning_rate`` -> ``lr``; ``step_time_s`` and ``tokens_per_s``
 are measured here. Per log the training thread only marks HF's new ``log_history`` entry
-with the time, in one C call (``LogHistoryMark``); the writer thread reads it
-(``Run.follow``). Under DDP each rank's own
+with the time; the writer thread reads it (``Run.follow``). Under DDP each rank's own
 time and all-reduce wait are logged too (``runwatch.torch``), turned on at the first
 forward. A crash leaving ``train()`` is never seen by a callback: the run stays open and
 runwatch's exit hook records the uncaught exception as a crash
@@ -32,7 +31,6 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from runwatch.hook._log_gate import LogHistoryMark
 from runwatch.hook.ranks import keeps_metric
 from runwatch.hook.run import Run, init
 
@@ -167,17 +165,19 @@ class RunwatchCallback(TrainerCallback):
         self.run = init(self._run_name(args), config=config, **options)
         if args.world_size > 1 and model is not None:
             _time_ranks_when_wrapped(model, self.run)
-        self._follow(self.run, config.get("tokens_per_step"))
+        self._marks = deque()
+        self.run.follow(_LogHistoryReader(self._marks, config.get("tokens_per_step")))
         # The first step's begin starts the first timing window; then HF's no-op again.
         self.on_step_begin = self._restart_window
         log.debug("runwatch: run %r started from the HF Trainer", self.run.name)
 
-    def _follow(self, run: Run, tokens_per_step: float | None) -> None:
-        """The hot path: ``on_log`` becomes one mark per log, which ``run``'s writer thread
-        reads (until ``on_train_end``, HF's no-op ``on_log`` again)."""
-        self._marks = deque()
-        run.follow(_LogHistoryReader(self._marks, tokens_per_step))
-        self.on_log = LogHistoryMark(self._marks.append)
+    # -- the hot path: one mark per log --------------------------------------------------------
+    def on_log(self, args, state, control, **kwargs):
+        marks = self._marks
+        if marks is not None:
+            history = state.log_history  # Trainer.log appended the entry just before
+            if history:
+                marks.append((history[-1], time()))
 
     def _restart_window(self, args, state, control, **kwargs):
         # Evaluation, checkpoints and prediction are not training steps: the next timing
@@ -194,7 +194,6 @@ class RunwatchCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         run, self.run = self.run, None
         self.__dict__.pop("on_step_begin", None)
-        self.__dict__.pop("on_log", None)
         if run is not None:
             run.finish()  # logs the last step's runwatch.torch wait first, reads the last log
         self._marks = None

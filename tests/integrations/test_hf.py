@@ -20,7 +20,6 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import runwatch  # noqa: E402
-from runwatch.hook._log_gate import LogHistoryMark  # noqa: E402
 from runwatch.integrations.hf import (  # noqa: E402
     RunwatchCallback,
     _LogHistoryReader,
@@ -319,26 +318,6 @@ def test_log_history_entries_become_numbers_under_runwatch_names_with_their_wind
     assert items[1][2] == {"eval_loss": 3.0}
     assert entry["learning_rate"] == 1e-3 and "lr" not in entry  # HF's entry is untouched
     assert not marks and read() == []
-
-
-def test_a_log_is_marked_with_its_entry_and_time_until_training_ends(tmp_path, db_path):
-    marks = deque()
-    mark = LogHistoryMark(marks.append)
-    state = transformers.TrainerState()
-    mark(None, state, None, logs={})  # no entry yet: nothing to mark
-    state.log_history.append({"loss": 2.0, "step": 1})
-    before = time.time()
-    mark(None, state, None, model=None, logs={"loss": 2.0})
-    after = time.time()
-    [(entry, when)] = marks
-    assert entry is state.log_history[-1] and before <= when <= after
-
-    callback = RunwatchCallback(name="marks", store=str(db_path))
-    _trainer(tmp_path, callback, max_steps=3).train()
-    # HF's own no-op on_log again: a later Trainer.log is not read by an ended run
-    assert callback.on_log.__func__ is transformers.TrainerCallback.on_log
-    with runwatch.open_store(str(db_path)) as store:
-        assert store.read_series("marks", "loss")["step"].tolist() == [1, 2, 3]
 
 
 def test_schedules_runwatch_cannot_plan_are_left_out():
