@@ -15,8 +15,6 @@ step, so that the machine's drift over a repeat, and what the setup before leave
 - ``hf alone``: the Trainer's default callbacks, ``report_to=[]`` (the baseline);
 - ``+ RunwatchCallback``: the same plus the callback with a real SQLite store and live
   detection on, as a user gets it from two lines;
-- ``+ RunwatchCallback, on_log in Python (before)`` (anchor): the same, its ``on_log`` the
-  Python method it was before it became one C call;
 - ``+ empty TrainerCallback`` (anchor): a callback that does nothing, so what HF's
   dispatch of any one callback's events costs at this cadence (the floor of a callback);
   its ``on_log`` is the function ``DefaultFlowCallback`` ran just before, warm;
@@ -42,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 import platform
 import statistics
@@ -63,7 +62,6 @@ RESULTS = Path(__file__).parent / "results" / "integration_overhead_hf.md"
 SETUPS = (
     "hf alone",
     "+ RunwatchCallback",
-    "+ RunwatchCallback, on_log in Python (before)",
     "+ empty TrainerCallback",
     "+ a callback with its own empty on_log",
     "+ TensorBoardCallback",
@@ -76,6 +74,7 @@ RAW = (
 )
 WRITER = "RunwatchCallback's writer thread, CPU per logged step"
 STALL_US = 50.0
+SETTLED_US = 3.0
 
 
 class OwnEmptyOnLog(transformers.TrainerCallback):
@@ -83,22 +82,6 @@ class OwnEmptyOnLog(transformers.TrainerCallback):
 
     def on_log(self, args, state, control, **kwargs):
         return None
-
-
-class PythonOnLog(RunwatchCallback):
-    """RunwatchCallback with its ``on_log`` as it was before it became one C call
-    (``LogHistoryMark``): the same mark, from a Python method (anchor)."""
-
-    def _follow(self, run, tokens_per_step):
-        super()._follow(run, tokens_per_step)
-        del self.on_log  # this class's method below
-
-    def on_log(self, args, state, control, **kwargs):
-        marks = self._marks
-        if marks is not None:
-            history = state.log_history
-            if history:
-                marks.append((history[-1], time.time()))
 
 
 def make_trainer(setup: str, tmp: Path, tag: str) -> tuple[transformers.Trainer, Any]:
@@ -115,8 +98,6 @@ def make_trainer(setup: str, tmp: Path, tag: str) -> tuple[transformers.Trainer,
     callbacks = []
     if setup == "+ RunwatchCallback":
         callbacks.append(RunwatchCallback(name=f"bench-{tag}", store=str(tmp / "bench.db")))
-    elif setup == SETUPS[2]:
-        callbacks.append(PythonOnLog(name=f"bench-py-{tag}", store=str(tmp / "bench.db")))
     elif setup == "+ empty TrainerCallback":
         callbacks.append(transformers.TrainerCallback())
     elif setup == "+ a callback with its own empty on_log":
@@ -282,10 +263,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{' / '.join(f'{p:.1f}' for p in p99)} | "
             f"{' / '.join(f'{m:.1f}' for m in means[setup])} | {extra} |"
         )
-    runwatch_beyond = statistics.median(
-        m - b for (m, _), b in zip(rows["+ RunwatchCallback"], base, strict=True)
-    )
-    verdict = "met" if runwatch_beyond <= 5.0 else "NOT met"
+    # A repeat is settled when its two identical baselines agree: on this machine whole
+    # minutes come when cold memory costs several times more, unevenly between objects,
+    # and the two "hf alone" Trainers then read tens of µs apart (README-integrations-hf).
+    again = [m - b for (m, _), b in zip(rows["hf alone, a second Trainer"], base, strict=True)]
+    settled = [abs(a) <= SETTLED_US for a in again]
+    beyond_each = [m - b for (m, _), b in zip(rows["+ RunwatchCallback"], base, strict=True)]
+    kept = [b for b, ok in zip(beyond_each, settled, strict=True) if ok]
+    runwatch_beyond = statistics.median(kept) if kept else math.nan
+    verdict = "no settled repeat" if not kept else "met" if runwatch_beyond <= 5.0 else "NOT met"
     header = (
         f"{opts.steps} logged steps x {opts.repeats} repeats per setup, {opts.work_ms:g} ms of "
         f"other work between steps; timed: on_step_begin + on_step_end + Trainer.log(). "
@@ -300,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{statistics.median(m for m, _ in rows[RAW[2]]):.1f} us.\n\n"
     )
     summary += (
-        f"Goal <= 5 us median beyond HF's own logging: {verdict} ({runwatch_beyond:+.1f} us). "
+        f"Goal <= 5 us median beyond HF's own logging: {verdict} ({runwatch_beyond:+.1f} us, "
+        f"median over the {len(kept)} of {len(again)} repeats whose two hf-alone Trainers "
+        f"read within {SETTLED_US:g} us of each other). "
     )
     for anchor, said in (
         ("+ empty TrainerCallback", "a callback that does nothing"),
@@ -313,7 +301,6 @@ def main(argv: list[str] | None = None) -> int:
             f"Beyond {said}: {statistics.median(beyond):+.1f} us "
             f"({' / '.join(f'{b:+.1f}' for b in beyond)}). "
         )
-    again = [m - b for (m, _), b in zip(rows["hf alone, a second Trainer"], base, strict=True)]
     summary += (
         f"The baseline against itself (a second Trainer): "
         f"{' / '.join(f'{b:+.1f}' for b in again)} us."
