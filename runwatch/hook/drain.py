@@ -16,7 +16,9 @@ The thread is woken early only by :meth:`Drain.flush`, :meth:`Drain.close` and
 
 from __future__ import annotations
 
+import _thread
 import collections
+import contextlib
 import logging
 import os
 import threading
@@ -122,7 +124,7 @@ class Drain:
         self._items: collections.deque[Any] = collections.deque()
         self.put = self._items.append
         """The raw put for the hot path: a deque append that wakes no thread."""
-        self._event = threading.Event()
+        self._wakeup = _locked()
         self._thread: threading.Thread | None = None
         self._closed = False
         self._pid = os.getpid()
@@ -153,9 +155,11 @@ class Drain:
 
     def wake(self) -> None:
         """Drain now rather than at the next tick (a backlog past its threshold)."""
-        event = self._event
-        if not event.is_set():
-            event.set()
+        wakeup = self._wakeup
+        if wakeup.locked():
+            # RuntimeError: another thread released it first, and one wake is enough
+            with contextlib.suppress(RuntimeError):
+                wakeup.release()
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything put so far is written; True if within ``timeout`` s."""
@@ -163,7 +167,7 @@ class Drain:
             return False
         marker = Flush()
         self.put(marker)
-        self._event.set()
+        self.wake()
 
         def say() -> None:
             self.log.debug(
@@ -190,7 +194,7 @@ class Drain:
             return not thread.is_alive()
         self._closed = True
         self.put(_STOP)
-        self._event.set()
+        self.wake()
 
         def say() -> None:
             self.log.info(
@@ -220,13 +224,14 @@ class Drain:
             self._count_leftovers()
 
     def _loop(self) -> None:
-        items, event, clock, cpu = self._items, self._event, time.monotonic, time.thread_time
+        items, clock, cpu = self._items, time.monotonic, time.thread_time
         chunk = self._chunk
         wait = self._first
         while True:
             if wait > 0:
-                event.wait(wait)
-                event.clear()  # before draining: a marker put before a set() is seen below
+                # One C call, woken early by a release (``wake``); either way the lock is
+                # held again after it, and whatever was put before a release is seen below.
+                self._wakeup.acquire(True, wait)
             started, cpu_started = clock(), cpu()
             took = self._take_pulled()
             # What is queued now, in chunks, so one burst never makes a giant batch.
@@ -316,11 +321,20 @@ class Drain:
         self._count(left)
 
     def _after_fork_in_child(self) -> None:
-        """The thread did not survive the fork: a fresh queue and event, nothing accepted."""
+        """The thread did not survive the fork: a fresh queue and wake-up, nothing accepted."""
         self._closed = True
         self._items = collections.deque()
         self.put = self._items.append
-        self._event = threading.Event()
+        self._wakeup = _locked()
+
+
+def _locked() -> Any:
+    """A lock held from the start: the drain thread's wake-up. ``threading.Event`` ran
+    about 25 lines of Python under the GIL at every wait (``Condition.wait``); acquiring
+    this with a timeout is one C call (bench/README-hook-cadence.md)."""
+    lock = _thread.allocate_lock()
+    lock.acquire()
+    return lock
 
 
 def _after_fork_in_child() -> None:
