@@ -487,12 +487,12 @@ def main() -> None:
                 setup = message[1]
                 root.setLevel(setup.pop("log_level"))
                 host = _Host(setup)
-                stored_step = None
+                stored_step, stored_names = None, frozenset()
                 if setup.get("resume"):
-                    stored_step = host.resume()
+                    stored_step, stored_names = host.resume()
                     handler.send(("resumed", stored_step))
                 host.start_writer(setup["writer"], parent, stored_step)
-                host.open_ring(setup["ring"], stored_step)
+                host.open_ring(setup["ring"], stored_step, stored_names)
             elif kind == "items" and host is not None:
                 host.arrived(message[1], message[3])
             elif kind == "sync" and host is not None:
@@ -541,10 +541,11 @@ class _Host:
             references=setup["references"],
         )
 
-    def resume(self) -> int | None:
+    def resume(self) -> tuple[int | None, frozenset[str]]:
         """Started again mid-run (the child before died): detection goes on from what the
         store holds, as a server replica does when it takes a run over, so no episode is
-        lost or doubled. Returns the last step the store holds (None: no point)."""
+        lost or doubled. Returns the last step the store holds (None: no point) and the
+        metrics it holds at that step."""
         from runwatch.store import Store
 
         store = Store(self._store_path)
@@ -555,7 +556,10 @@ class _Host:
             store.close()
         if self.detection is not None:
             self.detection.take_over(points, events)
-        return int(points["step"].max()) if len(points) else None
+        if not len(points):
+            return None, frozenset()
+        last = int(points["step"].max())
+        return last, frozenset(points.loc[points["step"] == last, "metric"])
 
     def start_writer(self, settings: WriterSettings, parent: int, last_step: int | None) -> None:
         """The run's writer, here rather than in the training process (its items come
@@ -576,7 +580,9 @@ class _Host:
         self._backend = backend
         self.writer.worker.start()
 
-    def open_ring(self, ring: Mapping[str, Any], stored_step: int | None) -> None:
+    def open_ring(
+        self, ring: Mapping[str, Any], stored_step: int | None, stored_names: frozenset[str]
+    ) -> None:
         """Read the training process's ring (``setup["ring"]``), from where the child before
         this one left it, if there was one (``LiveProcess._ring_resumed``)."""
         self.feed = RingFeed(
@@ -586,6 +592,7 @@ class _Host:
             names=ring.get("names"),
             skip_mark=ring.get("skip_mark", 0),
             stored_step=stored_step,
+            stored_names=stored_names,
         )
         self._interval = self.writer.worker.interval
 

@@ -22,9 +22,11 @@ class RingFeed:
     """Reads ``fd``'s ring into a writer's queue.
 
     ``start``/``names``: where a restarted child begins, and the key names written before.
-    Up to byte ``until`` (what the dead child had read) points at steps up to
-    ``stored_step`` are stored already and skipped, and so are marks up to ``skip_mark``
-    (items sent to the dead child, counted by the training process).
+    Up to byte ``until`` (what the dead child had read) points at steps before
+    ``stored_step`` are stored already and skipped, and at ``stored_step`` those of the
+    metrics in ``stored_names`` (a later log at that step, an eval after a training log,
+    may not be); so are marks up to ``skip_mark`` (items sent to the dead child, counted by
+    the training process).
     """
 
     def __init__(
@@ -36,10 +38,12 @@ class RingFeed:
         names: list[str] | None = None,
         skip_mark: int = 0,
         stored_step: int | None = None,
+        stored_names: frozenset[str] = frozenset(),
     ) -> None:
         self._reader = RingReader(mmap.mmap(fd, 0), start, names)
         self._until = until
         self._stored_step = stored_step
+        self._stored_names = stored_names
         self._arrived: dict[int, Any] = {}  # queued items by mark, until the ring reaches them
         self._through = skip_mark  # every item marked up to here has arrived (or is skipped)
         self._ahead: set[int] = set()  # marks arrived beyond ``_through``
@@ -80,16 +84,23 @@ class RingFeed:
                     self._taken_mark = record
                     if item is None:  # sent to a child that died, or not sendable
                         continue
-                elif resuming and self._stored(record[0]):
-                    continue
+                elif resuming and self._stored_step is not None and record[0] <= self._stored_step:
+                    item = self._not_stored(record)
+                    if item is None:
+                        continue
                 else:
                     item = record
                 items.append(item)
             if items:
                 take(items, points_in(items))
 
-    def _stored(self, step: int) -> bool:
-        return self._stored_step is not None and step <= self._stored_step
+    def _not_stored(self, record: tuple[int, float, dict[str, float]]) -> Any:
+        """What of ``record`` (at or before the stored step) the store does not hold."""
+        step, when, values = record
+        if step < self._stored_step:
+            return None
+        left = {name: value for name, value in values.items() if name not in self._stored_names}
+        return (step, when, left) if left else None
 
     def taken(self, rounds: int) -> None:
         """The writer had done ``rounds`` wake-ups when the last read's items reached it."""

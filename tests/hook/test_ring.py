@@ -125,9 +125,38 @@ def test_a_reader_started_again_skips_what_the_store_holds_and_items_sent_before
         gate.log({"loss": float(step)}, step=step)
     names = ring.key_names()
     again = RingFeed(
-        fd, start=kept, until=first._reader.position, names=names, skip_mark=1, stored_step=6
+        fd,
+        start=kept,
+        until=first._reader.position,
+        names=names,
+        skip_mark=1,
+        stored_step=6,
+        stored_names=frozenset({"loss"}),
     )
     assert [item[0] for item in _read_all(again)] == [7, 8, 9, 11, 12]
+
+
+def test_a_reader_started_again_keeps_a_later_log_at_the_stored_step():
+    fd, ring, _, _ = _ring(1 << 16)
+    gate = _Gate(ring)
+    first = RingFeed(fd)
+    for step in range(8):
+        gate.log({"loss": float(step)}, step=step)
+        if step == 6:  # an eval log after the training log, at the same step
+            gate.log({"eval_loss": 3.0, "loss": 6.0}, step=step)
+    _read_all(first)  # the writer stored up to step 6's training log, then died
+    again = RingFeed(
+        fd,
+        start=ring.kept,
+        until=first._reader.position,
+        names=ring.key_names(),
+        stored_step=6,
+        stored_names=frozenset({"loss"}),
+    )
+    assert [(step, values) for step, _, values in _read_all(again)] == [
+        (6, {"eval_loss": 3.0}),
+        (7, {"loss": 7.0}),
+    ]
 
 
 def test_names_are_read_back_whatever_their_order_and_whichever_str_objects_carry_them():
