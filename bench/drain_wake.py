@@ -29,15 +29,10 @@ import threading
 import time
 from pathlib import Path
 
+from hook_cadence import schedstat  # bench/: the scheduler's statistics of one thread
+
 HERE = Path(__file__).resolve().parent
 INTERVAL = 0.08
-
-
-def schedstat(tid: int) -> tuple[float, float]:
-    """A thread's seconds on a CPU and seconds runnable but waiting for one."""
-    with open(f"/proc/self/task/{tid}/schedstat") as f:
-        on_cpu, waiting, _ = f.read().split()
-    return int(on_cpu) / 1e9, int(waiting) / 1e9
 
 
 def child(src: str, seconds: float) -> dict[str, float]:
