@@ -84,7 +84,7 @@ class RingFeed:
                     self._taken_mark = record
                     if item is None:  # sent to a child that died, or not sendable
                         continue
-                elif resuming and self._stored_step is not None and record[0] <= self._stored_step:
+                elif resuming:
                     item = self._not_stored(record)
                     if item is None:
                         continue
@@ -95,9 +95,13 @@ class RingFeed:
                 take(items, points_in(items))
 
     def _not_stored(self, record: tuple[int, float, dict[str, float]]) -> Any:
-        """What of ``record`` (at or before the stored step) the store does not hold."""
+        """What of ``record``, read again after a restart, the store does not hold (None:
+        all of it is stored)."""
         step, when, values = record
-        if step < self._stored_step:
+        stored = self._stored_step
+        if stored is None or step > stored:
+            return record
+        if step < stored:
             return None
         left = {name: value for name, value in values.items() if name not in self._stored_names}
         return (step, when, left) if left else None
