@@ -15,8 +15,8 @@ from runwatch.hook.cpu_wait import CPU_WAIT_METRIC, CpuWait
 
 pytestmark = pytest.mark.skipif(CpuWait.open() is None, reason="no per-thread schedstat")
 
-HOG = "import os\nos.sched_setaffinity(0, {0})\nwhile True:\n    pass\n"
-HOG_SAYS_WHEN = HOG.replace("while", "print(flush=True)\nwhile")  # a line: on core 0, spinning
+HOG = "import os\nos.sched_setaffinity(0, {0})\nprint(flush=True)\nwhile True:\n    pass\n"
+"""A process spinning on core 0; the empty line it prints says it is there."""
 
 
 def _work(seconds: float) -> None:
@@ -40,7 +40,7 @@ def _timed_step(run, step: int) -> None:
 def _start_hog() -> subprocess.Popen[bytes]:
     """A process spinning on core 0, returned once it spins (its start takes ~30 ms on an
     idle machine, far longer on a loaded one)."""
-    hog = subprocess.Popen([sys.executable, "-c", HOG_SAYS_WHEN], stdout=subprocess.PIPE)
+    hog = subprocess.Popen([sys.executable, "-c", HOG], stdout=subprocess.PIPE)
     assert hog.stdout is not None
     if hog.stdout.readline() != b"\n":
         hog.kill()
@@ -102,9 +102,8 @@ def test_a_process_competing_for_the_core_shows_as_cpu_wait(tmp_path):
     try:
         with runwatch.init(name="busy", store=db, monitor=False) as run:
             step = _log_steps(run, 0, 0.6)
-            hog = subprocess.Popen([sys.executable, "-c", HOG])
+            hog = _start_hog()
             try:
-                time.sleep(0.2)  # the hog is on core 0
                 busy_from = step
                 step = _log_steps(run, step, 1.2)
             finally:

@@ -110,6 +110,20 @@ def test_a_closed_ring_counts_its_unstored_points_and_sends_the_rest_to_the_queu
     assert ring.head == head + 10 * 56 and [item[0] for _, item in queued] == [20]
 
 
+def _started_again(fd, first, kept, names, skip_mark=0):
+    """A reader started after ``first`` died, as a new child starts one, with the store
+    holding ``loss`` up to step 6."""
+    return RingFeed(
+        fd,
+        start=kept,
+        until=first._reader.position,
+        names=names,
+        skip_mark=skip_mark,
+        stored_step=6,
+        stored_names=frozenset({"loss"}),
+    )
+
+
 def test_a_reader_started_again_skips_what_the_store_holds_and_items_sent_before():
     fd, ring, queued, _ = _ring(1 << 16)
     gate = _Gate(ring)
@@ -124,15 +138,7 @@ def test_a_reader_started_again_skips_what_the_store_holds_and_items_sent_before
     for step in range(11, 13):
         gate.log({"loss": float(step)}, step=step)
     names = ring.key_names()
-    again = RingFeed(
-        fd,
-        start=kept,
-        until=first._reader.position,
-        names=names,
-        skip_mark=1,
-        stored_step=6,
-        stored_names=frozenset({"loss"}),
-    )
+    again = _started_again(fd, first, kept, names, skip_mark=1)
     assert [item[0] for item in _read_all(again)] == [7, 8, 9, 11, 12]
 
 
@@ -145,14 +151,7 @@ def test_a_reader_started_again_keeps_a_later_log_at_the_stored_step():
         if step == 6:  # an eval log after the training log, at the same step
             gate.log({"eval_loss": 3.0, "loss": 6.0}, step=step)
     _read_all(first)  # the writer stored up to step 6's training log, then died
-    again = RingFeed(
-        fd,
-        start=ring.kept,
-        until=first._reader.position,
-        names=ring.key_names(),
-        stored_step=6,
-        stored_names=frozenset({"loss"}),
-    )
+    again = _started_again(fd, first, ring.kept, ring.key_names())
     assert [(step, values) for step, _, values in _read_all(again)] == [
         (6, {"eval_loss": 3.0}),
         (7, {"loss": 7.0}),
