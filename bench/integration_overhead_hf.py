@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
-from hook_cadence import schedstat  # bench/: the scheduler's statistics of one thread
+from hook_cadence import STALL_NS, schedstat  # bench/: a stall; a thread's scheduler statistics
 
 import runwatch
 from runwatch.integrations.hf import RunwatchCallback
@@ -73,7 +73,7 @@ RAW = (
     "RunwatchCallback's own calls, back to back",
 )
 WRITER = "RunwatchCallback's writer thread, CPU per logged step"
-STALL_US = 50.0
+STALL_US = STALL_NS / 1000
 SETTLED_US = 3.0
 
 

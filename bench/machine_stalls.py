@@ -23,6 +23,8 @@ import statistics
 import tempfile
 import time
 
+from hook_cadence import STALL_NS, pause  # bench/: a stall's threshold; busy or asleep
+
 import runwatch
 
 PAUSES = (
@@ -31,13 +33,6 @@ PAUSES = (
     ("20 ms busy", "busy", 0.020),
     ("5 ms asleep", "sleep", 0.005),
 )
-STALL_NS = 50_000
-
-
-def busy(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
 
 
 def measure(seconds: float, store: str) -> dict[str, dict[str, list[int]]]:
@@ -60,13 +55,10 @@ def measure(seconds: float, store: str) -> dict[str, dict[str, list[int]]]:
     names = list(probes)
     clock = time.perf_counter_ns
     out: dict[str, dict[str, list[int]]] = {}
-    for label, kind, pause in PAUSES:
+    for label, kind, seconds_each in PAUSES:
         ns: dict[str, list[int]] = {name: [] for name in names}
-        for i in range(int(seconds / pause)):
-            if kind == "busy":
-                busy(pause)
-            else:
-                time.sleep(pause)
+        for i in range(int(seconds / seconds_each)):
+            pause(kind, seconds_each)
             name = names[i % len(names)]
             step += 1
             t = clock()
