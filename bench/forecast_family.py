@@ -300,6 +300,8 @@ def main() -> None:
     print(frame.round(2).to_string(index=False))
     print()
     print(summary(frame).to_string(index=False))
+    covered = frame["covered"].astype(bool)
+    print(f"\nall family and transfer forecasts: {int(covered.sum())}/{len(frame)} covered")
     print(f"\n({time.perf_counter() - began:.0f} s)")
 
 

@@ -89,6 +89,9 @@ class SizeLaw:
     law: AreaLaw
     runs: tuple[Member, ...]
     residuals: tuple[tuple[np.ndarray, np.ndarray], ...] = ()
+    anneal_reach: float = 0.0
+    """The largest annealing area S2 any of the runs reached: the law's credit for more is
+    an extrapolation none of them checked."""
 
     def curve(self, lr_steps: np.ndarray, lr_share: np.ndarray, final: int) -> np.ndarray:
         """The loss this size is expected to have at steps 0..``final`` of a plan."""
@@ -102,6 +105,18 @@ class SizeLaw:
         if not self.residuals:
             return base
         return base + self._missed(np.log(np.maximum(s1, 1e-9)))
+
+    def unseen_anneal(
+        self, lr_steps: np.ndarray, lr_share: np.ndarray, final: int, seen: int
+    ) -> np.ndarray:
+        """The law's credit, at steps 0..``final`` of a plan, for annealing beyond what the
+        runs reached and the run itself reached by step ``seen`` (0 for a plan one of the
+        runs followed)."""
+        if _same_schedule(self.runs, lr_steps, lr_share, final) is not None:
+            return np.zeros(final + 1)
+        _, s2 = areas_at(lr_steps, lr_share, final)
+        reach = max(self.anneal_reach, float(s2[min(max(seen, 0), final)]))
+        return self.law.C * np.maximum(s2 - reach, 0.0)
 
     def _missed(self, x: np.ndarray) -> np.ndarray:
         """The runs' mean residual at log S1 ``x``, over the runs that reached it; beyond
@@ -162,6 +177,22 @@ class FamilyFit:
     ) -> np.ndarray:
         """The loss a run of ``params`` with this plan is expected to have, steps 0..final."""
         curves = np.array([s.curve(lr_steps, lr_share, int(final)) for s in self.sizes])
+        return scale_to(curves, self.params, params, self.size_law)
+
+    def expected_without_unseen_anneal(
+        self, params: float, lr_steps: np.ndarray, lr_share: np.ndarray, final: int, seen: int
+    ) -> np.ndarray:
+        """``expected`` if the annealing that no family run of a size reached, nor the run
+        itself by step ``seen``, is worth nothing: where the band's upper end must reach,
+        as the law's credit for it is untested (a longer cosine than any run's)."""
+        final = int(final)
+        curves = np.array(
+            [
+                s.curve(lr_steps, lr_share, final)
+                + s.unseen_anneal(lr_steps, lr_share, final, seen)
+                for s in self.sizes
+            ]
+        )
         return scale_to(curves, self.params, params, self.size_law)
 
     def final_by_size(
@@ -230,12 +261,13 @@ def _size_law(members: list[Member]) -> SizeLaw:
         raise TooLittleData(int(y.size), MIN_POINTS, f"binned points in family run(s) {names}")
     law = fit_area_law(np.concatenate(a1), np.concatenate(a2), y)
     params = float(np.median([m.params for m in members]))
+    reach = float(max((x2.max() for x2 in a2 if x2.size), default=0.0))
     residuals = tuple(
         (np.log(x1), yv - law.predict_areas(x1, x2))
         for x1, x2, yv in zip(a1, a2, ys, strict=True)
         if yv.size
     )
-    return SizeLaw(params, law, tuple(members), residuals)
+    return SizeLaw(params, law, tuple(members), residuals, reach)
 
 
 def _by_size(members: list[Member]) -> list[list[Member]]:

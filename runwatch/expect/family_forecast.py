@@ -6,7 +6,8 @@ planned LR (``runwatch.expect.family``). As points arrive, the run's level again
 curve (the median log ratio over its latest points) is measured and combined with the
 prior (no offset, the family's own error) by precision, so a few noisy points move it
 little and many move it to the run's own level. What the ratio cannot know, that the run's
-shape drifts from the family's later on, widens the band with the steps still to come.
+shape drifts from the family's later on, widens the band with the steps still to come; the
+law's credit for annealing beyond any run's (a longer cosine) lifts its upper end.
 """
 
 from __future__ import annotations
@@ -48,13 +49,17 @@ def family_forecast(
     # What the level seen so far cannot tell about the rest: the family's own drift.
     drift = fit.drift_half() if seen else 0.0
     start = max(seen, 1)
+    # The upper end also reaches the curve without the annealing no run has tested.
+    ceiling = np.maximum(
+        prior, fit.expected_without_unseen_anneal(params, lr_steps, lr_share, final, seen)
+    )
 
     def curve(at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         idx = np.clip(np.asarray(at, dtype=float).round().astype(int), 0, final)
         mean = prior[idx] * math.exp(shift)
         extrap = np.log(np.maximum(idx, start) / start)
         half = np.sqrt((Z90 * level_sd) ** 2 + (drift * extrap) ** 2)
-        return mean, mean * np.exp(-half), mean * np.exp(half)
+        return mean, mean * np.exp(-half), ceiling[idx] * math.exp(shift) * np.exp(half)
 
     m, lo, hi = (float(a[0]) for a in curve(np.array([final])))
     target_step = None

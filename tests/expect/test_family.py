@@ -141,3 +141,20 @@ def test_the_band_rests_on_the_familys_own_errors_pooled_with_the_assumed_ones()
     assert many.measured["size"] == 1 and many.measured["drift"] == 2
     # A law-following family's near-zero errors narrow the size band, but not to nothing.
     assert 0 < many.size_rel_per_efold < one.size_rel_per_efold
+
+
+def test_the_band_reaches_a_longer_anneal_that_is_worth_no_more_than_the_runs_saw():
+    """A 4,000-step cosine anneals further than any family run: the law's credit for the
+    extra is untested, so the upper end must hold a run that gains nothing from it."""
+    short_wsd = {**WSD, "decay_start": 1500}
+    plans = ((COSINE, 2000), (CONSTANT, 4000), (CONSTANT, 2000), (short_wsd, 2000))
+    fit = fit_family([member(f"r{i}", 1e6, p, n, i) for i, (p, n) in enumerate(plans)])
+    reach = max(lr_areas(*planned_lr(p, n), n)[1][-1] for p, n in plans)
+    steps, share = planned_lr(COSINE, 4000)
+    s1, s2 = lr_areas(steps, share, 4000)
+    saturated = 2.0 + 3.0 * s1[-1] ** -0.5 - 4e-4 * min(s2[-1], reach)
+    f = family_forecast(fit, 1e6, steps, share, 4000)
+    assert abs(f.predicted / truth(1e6, COSINE, 4000) - 1) < 0.01  # the mean keeps the credit
+    assert f.predicted < saturated / 1.03 and saturated <= f.upper
+    followed = family_forecast(fit, 1e6, *planned_lr(COSINE, 2000), 2000)
+    assert followed.upper / followed.predicted < np.exp(fit.half_width(1e6)) + 1e-9
