@@ -247,6 +247,7 @@ def cpu_families(bench: Bench, label: str, folder: Path) -> list[dict]:
                     "alone": bench.alone(run, "val_loss"),
                 }
             rows.append(bench.case(f"{label} size", run, "val_loss", family, frac, anchors))
+    rows += inner_widths(bench, label, width_runs)
     constant = [n for n in meta if n.endswith("constant_4000")]
     if not constant:
         return rows
@@ -263,6 +264,20 @@ def cpu_families(bench: Bench, label: str, folder: Path) -> list[dict]:
                     "alone": bench.alone(target, "val_loss"),
                 }
             rows.append(bench.case(f"{label} transfer", target, "val_loss", family, frac, anchors))
+    return rows
+
+
+def inner_widths(bench: Bench, label: str, width_runs: dict[str, dict]) -> list[dict]:
+    """A check beyond the largest width: each width from the fourth (the first whose family
+    of smaller widths can tell size laws apart) to the second largest, from the widths
+    below it, before it starts and at 25%."""
+    sizes = sorted({c["params"] for c in width_runs.values()})
+    rows = []
+    for size in sizes[3:-1]:
+        family = sorted(n for n, c in width_runs.items() if c["params"] < size)
+        for run in sorted(n for n, c in width_runs.items() if c["params"] == size):
+            for frac in (0.0, 0.25):
+                rows.append(bench.case(f"{label} inner", run, "val_loss", family, frac, {}))
     return rows
 
 
@@ -301,7 +316,9 @@ def main() -> None:
     print()
     print(summary(frame).to_string(index=False))
     covered = frame["covered"].astype(bool)
-    print(f"\nall family and transfer forecasts: {int(covered.sum())}/{len(frame)} covered")
+    named = ~frame["kind"].str.endswith("inner")
+    print(f"\nthe issue's family and transfer forecasts: {int(covered[named].sum())}/", end="")
+    print(f"{int(named.sum())} covered; with the inner widths {int(covered.sum())}/{len(frame)}")
     print(f"\n({time.perf_counter() - began:.0f} s)")
 
 

@@ -167,6 +167,9 @@ class FamilyFit:
     after it is measured (leave-one-out at ``DRIFT_AT`` of each run's steps, RMS)."""
     measured: dict[str, int] = field(default_factory=dict)
     """How many leave-one-out errors each figure rests on (0: the default assumed)."""
+    size_laws_alike: tuple[str, ...] = ()
+    """The other size laws whose leave-one-out errors cannot be told from the chosen one's
+    (``_choose_size_law``): the band reaches what they expect too."""
 
     @property
     def params(self) -> np.ndarray:
@@ -178,6 +181,15 @@ class FamilyFit:
         """The loss a run of ``params`` with this plan is expected to have, steps 0..final."""
         curves = np.array([s.curve(lr_steps, lr_share, int(final)) for s in self.sizes])
         return scale_to(curves, self.params, params, self.size_law)
+
+    def expected_by_alike_laws(
+        self, params: float, lr_steps: np.ndarray, lr_share: np.ndarray, final: int
+    ) -> list[np.ndarray]:
+        """``expected`` by each of ``size_laws_alike`` (none when there are none)."""
+        if not self.size_laws_alike:
+            return []
+        curves = np.array([s.curve(lr_steps, lr_share, int(final)) for s in self.sizes])
+        return [scale_to(curves, self.params, params, law) for law in self.size_laws_alike]
 
     def expected_without_unseen_anneal(
         self, params: float, lr_steps: np.ndarray, lr_share: np.ndarray, final: int, seen: int
@@ -299,13 +311,13 @@ def fit_family(members: list[Member]) -> FamilyFit:
     groups = _by_size(members)
     sizes = tuple(_size_law(g) for g in groups)
     transfer = _transfer_errors(groups)
-    size_law, size_errs = _choose_size_law(groups, sizes)
+    size_law, size_errs, alike = _choose_size_law(groups, sizes)
     drift = _drift_errors(groups, sizes, size_law)
     measured = {"transfer": len(transfer), "size": len(size_errs), "drift": len(drift)}
     transfer_rel = _pooled(transfer, TRANSFER_REL)
     size_rel = _pooled(size_errs, SIZE_REL_PER_EFOLD)
     drift_rel = _pooled(drift, DRIFT_REL)
-    return FamilyFit(sizes, transfer_rel, size_rel, size_law, drift_rel, measured)
+    return FamilyFit(sizes, transfer_rel, size_rel, size_law, drift_rel, measured, alike)
 
 
 def _rms(errors: list[float]) -> float:
@@ -361,20 +373,29 @@ def _drift_errors(
 
 def _choose_size_law(
     groups: list[list[Member]], sizes: tuple[SizeLaw, ...]
-) -> tuple[str, list[float]]:
-    """The size law whose leave-the-larger-out errors are smallest, and its errors per
-    e-fold. Two sizes cannot tell laws apart: the floor law with the prior exponent, as the
-    loss of a larger model flattens. The fitted floor needs four (its first test, three
-    smaller sizes)."""
+) -> tuple[str, list[float], tuple[str, ...]]:
+    """The size law whose leave-the-larger-out errors are smallest, its errors per e-fold,
+    and the other laws it cannot be told from: their mean square error, over the same
+    errors, within the F test's 90% quantile of the best's. Two sizes cannot tell laws
+    apart: the floor law with the prior exponent, as the loss of a larger model flattens.
+    The fitted floor needs four (its first test, three smaller sizes)."""
     prior = _size_errors(groups, sizes, "prior", first=2)
     if len(groups) < 3:
-        return "prior", prior
+        return "prior", prior, ()
     errors = {"prior": prior, "loglog": _size_errors(groups, sizes, "loglog", first=2)}
     if len(groups) >= 4:
         errors["floor"] = _size_errors(groups, sizes, "floor", first=3)
     common = min(len(e) for e in errors.values())
-    best = min(errors, key=lambda law: _rms(errors[law][-common:]))
-    return best, errors[best]
+    square = {law: float(np.mean(np.square(e[-common:]))) for law, e in errors.items()}
+    best = min(square, key=square.__getitem__)
+    limit = F90[min(common, len(F90)) - 1] * square[best]
+    alike = tuple(law for law in errors if law != best and square[law] <= limit)
+    return best, errors[best], alike
+
+
+F90 = (39.86, 9.0, 5.391, 4.107, 3.453, 3.055, 2.785, 2.589, 2.44, 2.323)
+"""The F distribution's 90% quantiles for n and n degrees of freedom, n = 1..10 (beyond,
+the last is used: a stricter test than it should be)."""
 
 
 def _size_errors(

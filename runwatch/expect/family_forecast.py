@@ -7,7 +7,8 @@ curve (the median log ratio over its latest points) is measured and combined wit
 prior (no offset, the family's own error) by precision, so a few noisy points move it
 little and many move it to the run's own level. What the ratio cannot know, that the run's
 shape drifts from the family's later on, widens the band with the steps still to come; the
-law's credit for annealing beyond any run's (a longer cosine) lifts its upper end.
+law's credit for annealing beyond any run's (a longer cosine) lifts its upper end, and the
+size laws the family cannot rule out (``FamilyFit.size_laws_alike``) move both ends.
 """
 
 from __future__ import annotations
@@ -50,16 +51,22 @@ def family_forecast(
     drift = fit.drift_half() if seen else 0.0
     start = max(seen, 1)
     # The upper end also reaches the curve without the annealing no run has tested.
-    ceiling = np.maximum(
-        prior, fit.expected_without_unseen_anneal(params, lr_steps, lr_share, final, seen)
-    )
+    high = fit.expected_without_unseen_anneal(params, lr_steps, lr_share, final, seen) / prior
+    low = np.ones_like(prior)
+    # ... and, with the lower end, what the size laws the family cannot rule out expect,
+    # each at the run's level where it has been seen.
+    for alike in fit.expected_by_alike_laws(params, lr_steps, lr_share, final):
+        ratio = alike / prior
+        ratio /= ratio[min(seen, final)] if seen else 1.0
+        high, low = np.maximum(high, ratio), np.minimum(low, ratio)
+    high = np.maximum(high, 1.0)
 
     def curve(at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         idx = np.clip(np.asarray(at, dtype=float).round().astype(int), 0, final)
         mean = prior[idx] * math.exp(shift)
         extrap = np.log(np.maximum(idx, start) / start)
         half = np.sqrt((Z90 * level_sd) ** 2 + (drift * extrap) ** 2)
-        return mean, mean * np.exp(-half), ceiling[idx] * math.exp(shift) * np.exp(half)
+        return mean, mean * low[idx] * np.exp(-half), mean * high[idx] * np.exp(half)
 
     m, lo, hi = (float(a[0]) for a in curve(np.array([final])))
     target_step = None

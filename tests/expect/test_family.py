@@ -105,13 +105,35 @@ def test_a_loss_nearing_its_floor_over_size_is_scaled_by_the_floor_law():
 
     sizes = (1e5, 2e5, 4e5, 8e5, 1.6e6)
     fit = fit_family([floored(f"n{i}", p, i) for i, p in enumerate(sizes)])
-    assert fit.size_law == "floor"
+    assert fit.size_law == "floor" and fit.size_laws_alike == ()  # the others are ruled out
     steps, share = planned_lr(COSINE, 2000)
     f = family_forecast(fit, 6.4e6, steps, share, 2000)
     want = float(np.median(floored("t", 6.4e6, 99).values[-5:]))
     line = FamilyFit(fit.sizes, 0.0, 0.0, "loglog").expected(6.4e6, steps, share, 2000)[-1]
     assert abs(f.predicted / want - 1) < abs(line / want - 1)
     assert f.lower <= want <= f.upper
+
+
+def test_the_band_holds_each_size_law_the_familys_errors_cannot_rule_out():
+    # Final losses quadratic in log N, which none of the laws is: their leave-the-larger-out
+    # errors are alike, so the band reaches each one's expectation, with its own band.
+    def bent(name, params, seed):
+        steps, loss, share = law_curve(1e6, COSINE, 2000, seed)
+        x = np.log(params / 1e4)
+        return Member(
+            name, params, steps[1:], (loss * (1.5 - 0.15 * x + 0.01 * x * x))[1:], steps, share
+        )
+
+    sizes = (1e5, 2e5, 4e5, 8e5, 1.6e6)
+    fit = fit_family([bent(f"n{i}", p, i) for i, p in enumerate(sizes)])
+    assert fit.size_laws_alike and fit.size_law not in fit.size_laws_alike
+    steps, share = planned_lr(COSINE, 2000)
+    f = family_forecast(fit, 4e6, steps, share, 2000)
+    half = fit.half_width(4e6)
+    ends = [curve[-1] for curve in fit.expected_by_alike_laws(4e6, steps, share, 2000)]
+    assert f.lower <= min(ends) * np.exp(-half) * (1 + 1e-9)
+    assert f.upper >= max(ends) * np.exp(half) * (1 - 1e-9)
+    assert f.predicted == fit.expected(4e6, steps, share, 2000)[-1]  # the mean is the chosen law's
 
 
 def test_two_sizes_flatten_towards_a_floor_by_the_prior_exponent():
