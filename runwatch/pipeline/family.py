@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -314,10 +315,17 @@ def scaling_view(
     lo = min(min(m.params for m in members), params) / 1.5
     hi = max(max(m.params for m in members), params) * 1.5
     grid = np.geomspace(lo, hi, points)
+    means = fit.final_by_size(grid, lr_steps, share, fin)
+    # The band reaches what each size law the family cannot rule out expects, too.
+    finals = [means] + [
+        replace(fit, size_law=alike).final_by_size(grid, lr_steps, share, fin)
+        for alike in fit.size_laws_alike
+    ]
+    low, high = np.min(finals, axis=0), np.max(finals, axis=0)
     law = []
-    for p, mean in zip(grid, fit.final_by_size(grid, lr_steps, share, fin), strict=True):
+    for p, mean, bottom, top in zip(grid, means, low, high, strict=True):
         half = fit.half_width(p)
-        law.append((float(p), float(mean), mean * math.exp(-half), mean * math.exp(half)))
+        law.append((float(p), float(mean), bottom * math.exp(-half), top * math.exp(half)))
     fc = forecast_family(store, run, metric, family, final_step=fin)
     return {
         "runs": [(m.name, m.params, final_value(m)) for m in members],
