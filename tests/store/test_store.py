@@ -260,10 +260,11 @@ def test_a_runs_newest_points_are_raw_while_it_writes_and_sealed_when_it_finishe
     for step, value in enumerate(values):
         run.log({"loss": value, "lr": 1e-3}, step=step)
         if step % 10 == 9:
-            run.flush()  # one open block per series per flush
+            run.flush()  # at least one open block per series per flush
     conn = sqlite3.connect(db_path)
     open_rows = conn.execute("SELECT sealed, substr(data, 1, 1) FROM point_blocks").fetchall()
-    assert len(open_rows) == 8 and {r[0] for r in open_rows} == {0}
+    # The writer's own clock may write between two flushes too: more blocks, never fewer.
+    assert len(open_rows) >= 8 and {r[0] for r in open_rows} == {0}
     assert {r[1] for r in open_rows} == {b"\x02"}  # raw: cheap for the writer
     with open_store(str(db_path), readonly=True) as store:
         while_open = store.read_series("sealed", "loss")
