@@ -50,16 +50,17 @@ def family_forecast(
     # What the level seen so far cannot tell about the rest: the family's own drift.
     drift = fit.drift_half() if seen else 0.0
     start = max(seen, 1)
-    # The upper end also reaches the curve without the annealing no run has tested.
-    high = fit.expected_without_unseen_anneal(params, lr_steps, lr_share, final, seen) / prior
-    low = np.ones_like(prior)
+    # The upper end also reaches the curve without the annealing no run has tested ...
+    without = fit.expected_without_unseen_anneal(params, lr_steps, lr_share, final, seen)
+    positive = np.where(prior > 0, prior, np.nan)  # ratios to a mean <= 0 are left out
+    high, low = without / positive, np.ones_like(prior)
     # ... and, with the lower end, what the size laws the family cannot rule out expect,
     # each at the run's level where it has been seen.
     for alike in fit.expected_by_alike_laws(params, lr_steps, lr_share, final):
-        ratio = alike / prior
+        ratio = alike / positive
         ratio /= ratio[min(seen, final)] if seen else 1.0
-        high, low = np.maximum(high, ratio), np.minimum(low, ratio)
-    high = np.maximum(high, 1.0)
+        high, low = np.fmax(high, ratio), np.fmin(low, ratio)
+    high = np.fmax(high, 1.0)
 
     def curve(at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         idx = np.clip(np.asarray(at, dtype=float).round().astype(int), 0, final)
