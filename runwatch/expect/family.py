@@ -179,8 +179,11 @@ class FamilyFit:
         self, params: float, lr_steps: np.ndarray, lr_share: np.ndarray, final: int
     ) -> np.ndarray:
         """The loss a run of ``params`` with this plan is expected to have, steps 0..final."""
-        curves = np.array([s.curve(lr_steps, lr_share, int(final)) for s in self.sizes])
-        return scale_to(curves, self.params, params, self.size_law)
+        return scale_to(self._curves(lr_steps, lr_share, final), self.params, params, self.size_law)
+
+    def _curves(self, lr_steps: np.ndarray, lr_share: np.ndarray, final: int) -> np.ndarray:
+        """Each size's expected curve for the plan (sizes x steps 0..``final``)."""
+        return np.array([s.curve(lr_steps, lr_share, int(final)) for s in self.sizes])
 
     def expected_by_alike_laws(
         self, params: float, lr_steps: np.ndarray, lr_share: np.ndarray, final: int
@@ -188,7 +191,7 @@ class FamilyFit:
         """``expected`` by each of ``size_laws_alike`` (none when there are none)."""
         if not self.size_laws_alike:
             return []
-        curves = np.array([s.curve(lr_steps, lr_share, int(final)) for s in self.sizes])
+        curves = self._curves(lr_steps, lr_share, final)
         return [scale_to(curves, self.params, params, law) for law in self.size_laws_alike]
 
     def expected_without_unseen_anneal(
@@ -198,13 +201,8 @@ class FamilyFit:
         itself by step ``seen``, is worth nothing: where the band's upper end must reach,
         as the law's credit for it is untested (a longer cosine than any run's)."""
         final = int(final)
-        curves = np.array(
-            [
-                s.curve(lr_steps, lr_share, final)
-                + s.unseen_anneal(lr_steps, lr_share, final, seen)
-                for s in self.sizes
-            ]
-        )
+        unseen = np.array([s.unseen_anneal(lr_steps, lr_share, final, seen) for s in self.sizes])
+        curves = self._curves(lr_steps, lr_share, final) + unseen
         return scale_to(curves, self.params, params, self.size_law)
 
     def final_by_size(
@@ -234,6 +232,10 @@ class FamilyFit:
 
 T90 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812)
 """Student-t 95% quantiles for 1..10 degrees of freedom (a two-sided 90% band)."""
+
+F90 = (39.86, 9.0, 5.391, 4.107, 3.453, 3.055, 2.785, 2.589, 2.44, 2.323)
+"""The F distribution's 90% quantiles for n and n degrees of freedom, n = 1..10 (beyond,
+the last is used: a laxer test than it should be, so more laws alike and wider bands)."""
 
 
 def _t90(n: int) -> float:
@@ -320,10 +322,6 @@ def fit_family(members: list[Member]) -> FamilyFit:
     return FamilyFit(sizes, transfer_rel, size_rel, size_law, drift_rel, measured, alike)
 
 
-def _rms(errors: list[float]) -> float:
-    return float(math.sqrt(np.mean(np.square(errors))))
-
-
 def _pooled(errors: list[float], prior: float) -> float:
     """The RMS of the family's leave-one-out errors, pooled with the assumed error as
     ``PRIOR_WEIGHT`` errors more: a few lucky leave-one-outs do not make a narrow band."""
@@ -386,16 +384,13 @@ def _choose_size_law(
     if len(groups) >= 4:
         errors["floor"] = _size_errors(groups, sizes, "floor", first=3)
     common = min(len(e) for e in errors.values())
+    if not common:
+        return "prior", prior, ()
     square = {law: float(np.mean(np.square(e[-common:]))) for law, e in errors.items()}
     best = min(square, key=square.__getitem__)
     limit = F90[min(common, len(F90)) - 1] * square[best]
     alike = tuple(law for law in errors if law != best and square[law] <= limit)
     return best, errors[best], alike
-
-
-F90 = (39.86, 9.0, 5.391, 4.107, 3.453, 3.055, 2.785, 2.589, 2.44, 2.323)
-"""The F distribution's 90% quantiles for n and n degrees of freedom, n = 1..10 (beyond,
-the last is used: a stricter test than it should be)."""
 
 
 def _size_errors(
