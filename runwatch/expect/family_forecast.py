@@ -74,4 +74,7 @@ def family_forecast(
     if target is not None and math.isfinite(target):
         below = np.flatnonzero(prior * math.exp(shift) <= target)
         target_step = int(below[below >= seen][0]) if (below >= seen).any() else None
-    return Forecast(m, lo, hi, "family", eta_seconds, target_step, seen, final, curve)
+    laws = (fit.size_law, *fit.size_laws_alike) if len(fit.sizes) > 1 else ()
+    return Forecast(
+        m, lo, hi, "family", eta_seconds, target_step, seen, final, curve, size_laws=laws
+    )

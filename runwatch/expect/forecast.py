@@ -76,6 +76,9 @@ class Forecast:
     """How the logged LR was carried to the final step ("logged", "flat", "cosine",
     "linear"; ``runwatch.expect.schedule``), "warmup" when its warmup ended inside the
     fitted steps (the power law then forecasts), None without an LR."""
+    size_laws: tuple[str, ...] = ()
+    """A family forecast over several sizes: the size law it used, then the laws the
+    family's own errors cannot rule out, whose expectations its band reaches."""
 
     def curve(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(mean, lower, upper) of the expected curve at ``steps`` (90% band)."""

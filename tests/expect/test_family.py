@@ -134,6 +134,7 @@ def test_the_band_holds_each_size_law_the_familys_errors_cannot_rule_out():
     assert f.lower <= min(ends) * np.exp(-half) * (1 + 1e-9)
     assert f.upper >= max(ends) * np.exp(half) * (1 - 1e-9)
     assert f.predicted == fit.expected(4e6, steps, share, 2000)[-1]  # the mean is the chosen law's
+    assert f.size_laws == (fit.size_law, *fit.size_laws_alike)  # named, for the JSON
 
 
 def test_two_sizes_flatten_towards_a_floor_by_the_prior_exponent():
