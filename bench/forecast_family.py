@@ -317,8 +317,8 @@ def main() -> None:
     print(summary(frame).to_string(index=False))
     covered = frame["covered"].astype(bool)
     named = ~frame["kind"].str.endswith("inner")
-    print(f"\nthe issue's family and transfer forecasts: {int(covered[named].sum())}/", end="")
-    print(f"{int(named.sum())} covered; with the inner widths {int(covered.sum())}/{len(frame)}")
+    issue, every = f"{covered[named].sum()}/{named.sum()}", f"{covered.sum()}/{len(frame)}"
+    print(f"\nthe issue's family and transfer forecasts: {issue} covered; with inner: {every}")
     print(f"\n({time.perf_counter() - began:.0f} s)")
 
 

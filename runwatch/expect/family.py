@@ -93,30 +93,29 @@ class SizeLaw:
     """The largest annealing area S2 any of the runs reached: the law's credit for more is
     an extrapolation none of them checked."""
 
-    def curve(self, lr_steps: np.ndarray, lr_share: np.ndarray, final: int) -> np.ndarray:
-        """The loss this size is expected to have at steps 0..``final`` of a plan."""
+    def curve(
+        self,
+        lr_steps: np.ndarray,
+        lr_share: np.ndarray,
+        final: int,
+        anneal_tested_by: int | None = None,
+    ) -> np.ndarray:
+        """The loss this size is expected to have at steps 0..``final`` of a plan. With
+        ``anneal_tested_by``, annealing beyond what the runs reached, and the run itself by
+        that step, earns the law no credit (its S2 is held there): that credit is untested."""
         same = _same_schedule(self.runs, lr_steps, lr_share, final)
         if same is not None:
             bs, bv, _ = bin_arrays(same.steps, same.values)
             steps = np.arange(final + 1, dtype=float)
             return np.interp(np.log1p(steps), np.log1p(bs), bv)
         s1, s2 = areas_at(lr_steps, lr_share, final)
+        if anneal_tested_by is not None:
+            tested = float(s2[min(max(anneal_tested_by, 0), final)])
+            s2 = np.minimum(s2, max(self.anneal_reach, tested))
         base = self.law.predict_areas(s1, s2)
         if not self.residuals:
             return base
         return base + self._missed(np.log(np.maximum(s1, 1e-9)))
-
-    def unseen_anneal(
-        self, lr_steps: np.ndarray, lr_share: np.ndarray, final: int, seen: int
-    ) -> np.ndarray:
-        """The law's credit, at steps 0..``final`` of a plan, for annealing beyond what the
-        runs reached and the run itself reached by step ``seen`` (0 for a plan one of the
-        runs followed)."""
-        if _same_schedule(self.runs, lr_steps, lr_share, final) is not None:
-            return np.zeros(final + 1)
-        _, s2 = areas_at(lr_steps, lr_share, final)
-        reach = max(self.anneal_reach, float(s2[min(max(seen, 0), final)]))
-        return self.law.C * np.maximum(s2 - reach, 0.0)
 
     def _missed(self, x: np.ndarray) -> np.ndarray:
         """The runs' mean residual at log S1 ``x``, over the runs that reached it; beyond
@@ -176,42 +175,37 @@ class FamilyFit:
         return np.array([s.params for s in self.sizes])
 
     def expected(
-        self, params: float, lr_steps: np.ndarray, lr_share: np.ndarray, final: int
+        self,
+        params: float,
+        lr_steps: np.ndarray,
+        lr_share: np.ndarray,
+        final: int,
+        *,
+        law: str | None = None,
+        anneal_tested_by: int | None = None,
     ) -> np.ndarray:
-        """The loss a run of ``params`` with this plan is expected to have, steps 0..final."""
-        return scale_to(self._curves(lr_steps, lr_share, final), self.params, params, self.size_law)
-
-    def _curves(self, lr_steps: np.ndarray, lr_share: np.ndarray, final: int) -> np.ndarray:
-        """Each size's expected curve for the plan (sizes x steps 0..``final``)."""
-        return np.array([s.curve(lr_steps, lr_share, int(final)) for s in self.sizes])
-
-    def expected_by_alike_laws(
-        self, params: float, lr_steps: np.ndarray, lr_share: np.ndarray, final: int
-    ) -> list[np.ndarray]:
-        """``expected`` by each of ``size_laws_alike`` (none when there are none)."""
-        if not self.size_laws_alike:
-            return []
-        curves = self._curves(lr_steps, lr_share, final)
-        return [scale_to(curves, self.params, params, law) for law in self.size_laws_alike]
-
-    def expected_without_unseen_anneal(
-        self, params: float, lr_steps: np.ndarray, lr_share: np.ndarray, final: int, seen: int
-    ) -> np.ndarray:
-        """``expected`` if the annealing that no family run of a size reached, nor the run
-        itself by step ``seen``, is worth nothing: where the band's upper end must reach,
-        as the law's credit for it is untested (a longer cosine than any run's)."""
-        final = int(final)
-        unseen = np.array([s.unseen_anneal(lr_steps, lr_share, final, seen) for s in self.sizes])
-        curves = self._curves(lr_steps, lr_share, final) + unseen
-        return scale_to(curves, self.params, params, self.size_law)
+        """The loss a run of ``params`` with this plan is expected to have, steps 0..final,
+        by ``law`` over size (default ``size_law``); ``anneal_tested_by``: see
+        ``SizeLaw.curve``."""
+        curves = np.array(
+            [s.curve(lr_steps, lr_share, int(final), anneal_tested_by) for s in self.sizes]
+        )
+        return scale_to(curves, self.params, params, law or self.size_law)
 
     def final_by_size(
-        self, params: np.ndarray, lr_steps: np.ndarray, lr_share: np.ndarray, final: int
+        self,
+        params: np.ndarray,
+        lr_steps: np.ndarray,
+        lr_share: np.ndarray,
+        final: int,
+        law: str | None = None,
     ) -> np.ndarray:
-        """The final value expected of runs of each of ``params`` with this plan (the
-        scaling view's line), the sizes' curves computed once."""
+        """The final value expected of runs of each of ``params`` with this plan by ``law``
+        over size (default ``size_law``; the scaling view's line), the sizes' curves
+        computed once."""
         ends = np.array([s.curve(lr_steps, lr_share, int(final))[-1:] for s in self.sizes])
-        return np.array([scale_to(ends, self.params, p, self.size_law)[0] for p in params])
+        law = law or self.size_law
+        return np.array([scale_to(ends, self.params, p, law)[0] for p in params])
 
     def drift_half(self) -> float:
         """The 90% half-width, relative per e-fold of steps, of the drift (``drift_rel``)."""

@@ -51,13 +51,13 @@ def family_forecast(
     drift = fit.drift_half() if seen else 0.0
     start = max(seen, 1)
     # The upper end also reaches the curve without the annealing no run has tested ...
-    without = fit.expected_without_unseen_anneal(params, lr_steps, lr_share, final, seen)
+    untested = fit.expected(params, lr_steps, lr_share, final, anneal_tested_by=seen)
     positive = np.where(prior > 0, prior, np.nan)  # ratios to a mean <= 0 are left out
-    high, low = without / positive, np.ones_like(prior)
+    high, low = untested / positive, np.ones_like(prior)
     # ... and, with the lower end, what the size laws the family cannot rule out expect,
     # each at the run's level where it has been seen.
-    for alike in fit.expected_by_alike_laws(params, lr_steps, lr_share, final):
-        ratio = alike / positive
+    for law in fit.size_laws_alike:
+        ratio = fit.expected(params, lr_steps, lr_share, final, law=law) / positive
         ratio /= ratio[min(seen, final)] if seen else 1.0
         high, low = np.fmax(high, ratio), np.fmin(low, ratio)
     high = np.fmax(high, 1.0)

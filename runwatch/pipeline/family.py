@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -318,8 +317,7 @@ def scaling_view(
     means = fit.final_by_size(grid, lr_steps, share, fin)
     # The band reaches what each size law the family cannot rule out expects, too.
     finals = [means] + [
-        replace(fit, size_law=alike).final_by_size(grid, lr_steps, share, fin)
-        for alike in fit.size_laws_alike
+        fit.final_by_size(grid, lr_steps, share, fin, law) for law in fit.size_laws_alike
     ]
     low, high = np.min(finals, axis=0), np.max(finals, axis=0)
     law = []

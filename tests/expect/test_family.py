@@ -130,7 +130,7 @@ def test_the_band_holds_each_size_law_the_familys_errors_cannot_rule_out():
     steps, share = planned_lr(COSINE, 2000)
     f = family_forecast(fit, 4e6, steps, share, 2000)
     half = fit.half_width(4e6)
-    ends = [curve[-1] for curve in fit.expected_by_alike_laws(4e6, steps, share, 2000)]
+    ends = [fit.expected(4e6, steps, share, 2000, law=law)[-1] for law in fit.size_laws_alike]
     assert f.lower <= min(ends) * np.exp(-half) * (1 + 1e-9)
     assert f.upper >= max(ends) * np.exp(half) * (1 - 1e-9)
     assert f.predicted == fit.expected(4e6, steps, share, 2000)[-1]  # the mean is the chosen law's

@@ -3,8 +3,6 @@ params reaches what each size law the family cannot rule out expects."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from runwatch.collectors.importer import import_long_format
@@ -52,6 +50,6 @@ def test_the_scaling_view_band_reaches_each_size_law_not_ruled_out(tmp_path):
     upper = np.array([row[3] for row in view["law"]])
     half = np.array([fit.half_width(p) for p in params])
     for law in fit.size_laws_alike:  # each with the chosen law's band around it
-        ends = replace(fit, size_law=law).final_by_size(params, steps, share, 2000)
+        ends = fit.final_by_size(params, steps, share, 2000, law)
         assert (lower <= ends * np.exp(-half) * 1.0001).all()
         assert (ends * np.exp(half) <= upper * 1.0001).all()
