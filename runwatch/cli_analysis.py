@@ -141,10 +141,14 @@ def cmd_forecast(args: argparse.Namespace, store: Any) -> int:
     if args.family:
         seen = "before the run starts" if result.upto == 0 else f"its own points to {result.upto}"
         model = f"the family {', '.join(args.family)}, with {seen}"
-        if result.size_laws:
+        if result.size_law_weights:
+            shares = [
+                f"{law} {w:.0%}"
+                for law, w in zip(result.size_laws, result.size_law_weights, strict=True)
+            ]
+            model += f"; size laws {', '.join(shares)}, none ruled out by its errors"
+        elif result.size_laws:
             model += f"; size law {result.size_laws[0]}"
-        if result.size_laws[1:]:
-            model += f", {' and '.join(result.size_laws[1:])} not ruled out"
     lines = [
         f"{metric} of run {args.run!r}, fitted on steps <= {result.upto} ({model}):",
         f"  at step {result.final_step}: {result.predicted:.4g} "

@@ -7,7 +7,8 @@ predicts another schedule or length of the same model from its LR alone (schedul
 transfer; lined up by the LR's areas, not by raw step); a run of the target's own schedule
 and length is followed as it went. Across sizes, the loss at every step of the target's
 schedule is carried to its size by a law per step (``runwatch.expect.size_scaling``), the
-one the family's own leave-one-out errors favour. The band comes from those errors: each
+one the family's own leave-one-out errors favour, or the mean of the laws those errors
+cannot tell apart, weighted by their likelihood. The band comes from those errors: each
 schedule predicted from the others of its size, each size from the smaller ones.
 """
 
@@ -169,6 +170,14 @@ class FamilyFit:
     size_laws_alike: tuple[str, ...] = ()
     """The other size laws whose leave-one-out errors cannot be told from the chosen one's
     (``_choose_size_law``): the band reaches what they expect too."""
+    size_law_weights: tuple[float, ...] = ()
+    """The weights of ``size_laws`` in the expected curve, by the likelihood of their
+    leave-one-out errors (empty: the chosen law alone)."""
+
+    @property
+    def size_laws(self) -> tuple[str, ...]:
+        """The chosen size law, then the laws alike to it."""
+        return (self.size_law, *self.size_laws_alike)
 
     @property
     def params(self) -> np.ndarray:
@@ -185,12 +194,20 @@ class FamilyFit:
         anneal_tested_by: int | None = None,
     ) -> np.ndarray:
         """The loss a run of ``params`` with this plan is expected to have, steps 0..final,
-        by ``law`` over size (default ``size_law``); ``anneal_tested_by``: see
+        by ``law`` over size (default: the size laws, weighted); ``anneal_tested_by``: see
         ``SizeLaw.curve``."""
         curves = np.array(
             [s.curve(lr_steps, lr_share, int(final), anneal_tested_by) for s in self.sizes]
         )
-        return scale_to(curves, self.params, params, law or self.size_law)
+        return self._scaled(curves, params, law)
+
+    def _scaled(self, curves: np.ndarray, params: float, law: str | None) -> np.ndarray:
+        """The sizes' ``curves`` carried to ``params`` by ``law``, or, by default, by each
+        size law the family cannot rule out, averaged with their weights."""
+        if law is not None or not self.size_law_weights:
+            return scale_to(curves, self.params, params, law or self.size_law)
+        weighted = zip(self.size_law_weights, self.size_laws, strict=True)
+        return sum(w * scale_to(curves, self.params, params, each) for w, each in weighted)
 
     def final_by_size(
         self,
@@ -201,11 +218,10 @@ class FamilyFit:
         law: str | None = None,
     ) -> np.ndarray:
         """The final value expected of runs of each of ``params`` with this plan by ``law``
-        over size (default ``size_law``; the scaling view's line), the sizes' curves
+        over size (default: as ``expected``; the scaling view's line), the sizes' curves
         computed once."""
         ends = np.array([s.curve(lr_steps, lr_share, int(final))[-1:] for s in self.sizes])
-        law = law or self.size_law
-        return np.array([scale_to(ends, self.params, p, law)[0] for p in params])
+        return np.array([self._scaled(ends, p, law)[0] for p in params])
 
     def drift_half(self) -> float:
         """The 90% half-width, relative per e-fold of steps, of the drift (``drift_rel``)."""
@@ -307,13 +323,13 @@ def fit_family(members: list[Member]) -> FamilyFit:
     groups = _by_size(members)
     sizes = tuple(_size_law(g) for g in groups)
     transfer = _transfer_errors(groups)
-    size_law, size_errs, alike = _choose_size_law(groups, sizes)
+    size_law, size_errs, alike, weights = _choose_size_law(groups, sizes)
     drift = _drift_errors(groups, sizes, size_law)
     measured = {"transfer": len(transfer), "size": len(size_errs), "drift": len(drift)}
     transfer_rel = _pooled(transfer, TRANSFER_REL)
     size_rel = _pooled(size_errs, SIZE_REL_PER_EFOLD)
     drift_rel = _pooled(drift, DRIFT_REL)
-    return FamilyFit(sizes, transfer_rel, size_rel, size_law, drift_rel, measured, alike)
+    return FamilyFit(sizes, transfer_rel, size_rel, size_law, drift_rel, measured, alike, weights)
 
 
 def _pooled(errors: list[float], prior: float) -> float:
@@ -365,26 +381,33 @@ def _drift_errors(
 
 def _choose_size_law(
     groups: list[list[Member]], sizes: tuple[SizeLaw, ...]
-) -> tuple[str, list[float], tuple[str, ...]]:
+) -> tuple[str, list[float], tuple[str, ...], tuple[float, ...]]:
     """The size law whose leave-the-larger-out errors are smallest, its errors per e-fold,
-    and the other laws it cannot be told from: their mean square error, over the same
-    errors, within the F test's 90% quantile of the best's. Two sizes cannot tell laws
-    apart: the floor law with the prior exponent, as the loss of a larger model flattens.
-    The fitted floor needs four (its first test, three smaller sizes)."""
+    the other laws it cannot be told from (their mean square error, over the same errors,
+    within the F test's 90% quantile of the best's), and the weights of all of these: the
+    likelihood of their errors, MSE^(-n/2) for n errors, normalized. Two sizes cannot tell
+    laws apart: the floor law with the prior exponent, as the loss of a larger model
+    flattens. The fitted floor needs four (its first test, three smaller sizes)."""
     prior = _size_errors(groups, sizes, "prior", first=2)
     if len(groups) < 3:
-        return "prior", prior, ()
+        return "prior", prior, (), ()
     errors = {"prior": prior, "loglog": _size_errors(groups, sizes, "loglog", first=2)}
     if len(groups) >= 4:
         errors["floor"] = _size_errors(groups, sizes, "floor", first=3)
     common = min(len(e) for e in errors.values())
     if not common:
-        return "prior", prior, ()
+        return "prior", prior, (), ()
     square = {law: float(np.mean(np.square(e[-common:]))) for law, e in errors.items()}
     best = min(square, key=square.__getitem__)
     limit = F90[min(common, len(F90)) - 1] * square[best]
     alike = tuple(law for law in errors if law != best and square[law] <= limit)
-    return best, errors[best], alike
+    if not alike:
+        return best, errors[best], (), ()
+    # Relative to the best's (an alike law's MSE of 0 means the best's is 0 too).
+    ratios = [square[best] / square[law] if square[law] > 0 else 1.0 for law in alike]
+    likelihood = [r ** (common / 2) for r in ratios]
+    total = 1.0 + sum(likelihood)
+    return best, errors[best], alike, tuple(w / total for w in (1.0, *likelihood))
 
 
 def _size_errors(

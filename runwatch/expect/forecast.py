@@ -77,8 +77,10 @@ class Forecast:
     "linear"; ``runwatch.expect.schedule``), "warmup" when its warmup ended inside the
     fitted steps (the power law then forecasts), None without an LR."""
     size_laws: tuple[str, ...] = ()
-    """A family forecast over several sizes: the size law it used, then the laws the
+    """A family forecast over several sizes: the size law it chose, then the laws the
     family's own errors cannot rule out, whose expectations its band reaches."""
+    size_law_weights: tuple[float, ...] = ()
+    """The weights of ``size_laws`` in the predicted curve (empty: the first alone)."""
 
     def curve(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(mean, lower, upper) of the expected curve at ``steps`` (90% band)."""

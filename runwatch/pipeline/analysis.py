@@ -318,7 +318,8 @@ def forecast_json(
 
     The DESIGN keys always; ``target``/``target_step`` only with a target,
     ``reference``/``align`` only with a reference run, ``family`` and ``curve`` only with
-    a family (and ``size_law``/``size_laws_alike`` when it has several sizes), and with
+    a family (and ``size_law``/``size_laws_alike``/``size_law_weights`` when it has
+    several sizes), and with
     ``eta`` (a failure-aware ETA) ``eta_seconds`` is that one, with
     ``eta_lower``/``eta_upper``/``goodput`` beside it (extensions, so a script written for
     the original object sees exactly it).
@@ -335,9 +336,11 @@ def forecast_json(
         frame = curve_frame(result, 1, result.final_step)
         extra |= {"family": list(family), "curve": frame.to_dict(orient="list")}
         if result.size_laws:
+            weights = result.size_law_weights or (1.0,)
             extra |= {
                 "size_law": result.size_laws[0],
                 "size_laws_alike": list(result.size_laws[1:]),
+                "size_law_weights": dict(zip(result.size_laws, weights, strict=True)),
             }
     return {
         "run": run,

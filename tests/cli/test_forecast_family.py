@@ -58,8 +58,9 @@ def test_forecast_before_the_run_starts_and_updated_by_its_points(db, capsys):
     assert len(before["curve"]["expected"]) == len(before["curve"]["step"])
     # Losses a power law in params: the log-log line, with no other law alike.
     assert before["size_law"] == "loglog" and before["size_laws_alike"] == []
+    assert before["size_law_weights"] == {"loglog": 1.0}
     one_size = _json(capsys, [*base[:5], "--family", "l", "--upto", "0", "--format", "json"])
-    assert "size_law" not in one_size and "size_laws_alike" not in one_size
+    assert not {"size_law", "size_laws_alike", "size_law_weights"} & one_size.keys()
     after = _json(capsys, [*base, "--upto", "500", "--format", "json"])
     with open_store(str(db)) as store:
         final = float(store.read_series("xl", "loss")["value"].iloc[-5:].median())

@@ -106,6 +106,7 @@ def test_a_loss_nearing_its_floor_over_size_is_scaled_by_the_floor_law():
     sizes = (1e5, 2e5, 4e5, 8e5, 1.6e6)
     fit = fit_family([floored(f"n{i}", p, i) for i, p in enumerate(sizes)])
     assert fit.size_law == "floor" and fit.size_laws_alike == ()  # the others are ruled out
+    assert fit.size_law_weights == ()  # the floor law alone
     steps, share = planned_lr(COSINE, 2000)
     f = family_forecast(fit, 6.4e6, steps, share, 2000)
     want = float(np.median(floored("t", 6.4e6, 99).values[-5:]))
@@ -114,9 +115,10 @@ def test_a_loss_nearing_its_floor_over_size_is_scaled_by_the_floor_law():
     assert f.lower <= want <= f.upper
 
 
-def test_the_band_holds_each_size_law_the_familys_errors_cannot_rule_out():
+def test_the_mean_weighs_and_the_band_holds_each_size_law_the_errors_cannot_rule_out():
     # Final losses quadratic in log N, which none of the laws is: their leave-the-larger-out
-    # errors are alike, so the band reaches each one's expectation, with its own band.
+    # errors are alike, so the mean is their weighted mean and the band reaches each one's
+    # expectation, the chosen law's too, with its own band.
     def bent(name, params, seed):
         steps, loss, share = law_curve(1e6, COSINE, 2000, seed)
         x = np.log(params / 1e4)
@@ -130,11 +132,16 @@ def test_the_band_holds_each_size_law_the_familys_errors_cannot_rule_out():
     steps, share = planned_lr(COSINE, 2000)
     f = family_forecast(fit, 4e6, steps, share, 2000)
     half = fit.half_width(4e6)
-    ends = [fit.expected(4e6, steps, share, 2000, law=law)[-1] for law in fit.size_laws_alike]
+    ends = [fit.expected(4e6, steps, share, 2000, law=law)[-1] for law in fit.size_laws]
     assert f.lower <= min(ends) * np.exp(-half) * (1 + 1e-9)
     assert f.upper >= max(ends) * np.exp(half) * (1 - 1e-9)
-    assert f.predicted == fit.expected(4e6, steps, share, 2000)[-1]  # the mean is the chosen law's
+    weights = np.array(fit.size_law_weights)
+    assert weights.size == len(fit.size_laws) and weights.sum() == pytest.approx(1.0)
+    assert weights[0] == weights.max() and (weights > 0).all()  # the chosen law weighs most
+    assert f.predicted == pytest.approx(float(weights @ ends), rel=1e-12)
+    assert min(ends) < f.predicted < max(ends)
     assert f.size_laws == (fit.size_law, *fit.size_laws_alike)  # named, for the JSON
+    assert f.size_law_weights == fit.size_law_weights
 
 
 def test_two_sizes_flatten_towards_a_floor_by_the_prior_exponent():

@@ -49,7 +49,11 @@ def test_the_scaling_view_band_reaches_each_size_law_not_ruled_out(tmp_path):
     lower = np.array([row[2] for row in view["law"]])
     upper = np.array([row[3] for row in view["law"]])
     half = np.array([fit.half_width(p) for p in params])
-    for law in fit.size_laws_alike:  # each with the chosen law's band around it
+    for law in fit.size_laws:  # each with the chosen law's band around it
         ends = fit.final_by_size(params, steps, share, 2000, law)
         assert (lower <= ends * np.exp(-half) * 1.0001).all()
         assert (ends * np.exp(half) <= upper * 1.0001).all()
+    # The line is the laws' weighted mean, as the forecast's is.
+    ends = [fit.final_by_size(params, steps, share, 2000, law) for law in fit.size_laws]
+    mean = np.array([row[1] for row in view["law"]])
+    np.testing.assert_allclose(mean, np.array(fit.size_law_weights) @ np.array(ends), rtol=1e-9)
