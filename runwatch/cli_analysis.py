@@ -146,7 +146,7 @@ def cmd_forecast(args: argparse.Namespace, store: Any) -> int:
                 f"{law} {w:.0%}"
                 for law, w in zip(result.size_laws, result.size_law_weights, strict=True)
             ]
-            model += f"; size laws {', '.join(shares)}, none ruled out by its errors"
+            model += f"; size laws {', '.join(shares)}, none ruled out by the family's errors"
         elif result.size_laws:
             model += f"; size law {result.size_laws[0]}"
     lines = [
