@@ -96,6 +96,7 @@ class Bench:
         self.store = open_store(str(db))
         self.frames: dict[str, pd.DataFrame] = {}
         self.configs: dict[str, dict] = {}
+        self.families: dict[tuple[str, str], list[str]] = {}  # (kind, target): family
 
     def add(self, path: Path, name: str, config: dict) -> None:
         import_long_format(self.store, path, run_name=name, config=config)
@@ -111,6 +112,7 @@ class Bench:
         upto = int(frac * final)
         truth = self.truth(run, metric)
         row = {"kind": kind, "target": run, "at": f"{frac:.0%}", "truth": truth}
+        self.families[(kind, run)] = list(family)
         f = forecast_run(self.store, run, metric, upto=upto, family=family, save=False)
         row |= {
             "family": _err(f.predicted, truth),
