@@ -68,7 +68,14 @@ def _grad_norm() -> list[Detector]:
     # higher threshold keeps info noise down, and only large or lasting bursts are warnings.
     return [
         NonFinite(),
-        Spike(threshold=6.0, warn_ratio=20.0, critical_ratio=100.0, sustain=50, sustain_ratio=3.0),
+        Spike(
+            threshold=6.0,
+            warn_ratio=20.0,
+            critical_ratio=100.0,
+            sustain=50,
+            sustain_ratio=3.0,
+            shift_ratio=3.0,
+        ),
     ]
 
 

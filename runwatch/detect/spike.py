@@ -18,7 +18,9 @@ class Spike(CoreDetector):
     spike goes on while points stay ``continue_threshold`` sigmas above. Severity: info for
     a short blip, warning once its peak reaches ``warn_ratio`` times the baseline or it
     lasts ``sustain`` points with a peak of ``sustain_ratio`` times the baseline (in linear
-    space: twice ``threshold`` sigmas), critical at ``critical_ratio``. ``details`` holds the
+    space: twice ``threshold`` sigmas), or ``shift_after`` points with a peak of
+    ``shift_ratio`` (a lasting rise too small for one point to show: a level shift),
+    critical at ``critical_ratio``. ``details`` holds the
     magnitude (``ratio``, ``z``), the ``duration`` in points and the ``peak``; whether the
     run recovered is known when the episode closes (the Monitor records it).
 
@@ -52,6 +54,10 @@ class Spike(CoreDetector):
         Points after which a spike of ``sustain_ratio`` is a warning (>= 1).
     sustain_ratio : float
         Peak over baseline that makes a lasting spike a warning (>= 1).
+    shift_after : int
+        Points after which a spike of ``shift_ratio`` is a warning, a level shift (>= 1).
+    shift_ratio : float
+        Peak over baseline that makes a spike of ``shift_after`` points a warning (>= 1).
     warn_ratio : float
         Peak over baseline that makes any spike a warning (>= 1).
     critical_ratio : float
@@ -86,6 +92,8 @@ class Spike(CoreDetector):
         min_delta: float = 0.005,
         sustain: int = 4,
         sustain_ratio: float = 1.2,
+        shift_after: int = 50,
+        shift_ratio: float = 1.05,
         warn_ratio: float = 2.5,
         critical_ratio: float = 5.0,
         adapt_after: int = 200,
@@ -100,6 +108,8 @@ class Spike(CoreDetector):
         check_number("min_delta", min_delta, low=0.0)
         check_number("sustain", sustain, low=1, integer=True)
         check_number("sustain_ratio", sustain_ratio, low=1.0)
+        check_number("shift_after", shift_after, low=1, integer=True)
+        check_number("shift_ratio", shift_ratio, low=1.0)
         check_number("warn_ratio", warn_ratio, low=1.0)
         check_number("critical_ratio", critical_ratio, low=warn_ratio)
         check_number("adapt_after", adapt_after, low=1, integer=True)
@@ -113,6 +123,8 @@ class Spike(CoreDetector):
         self.min_delta = min_delta
         self.sustain = sustain
         self.sustain_ratio = sustain_ratio
+        self.shift_after = shift_after
+        self.shift_ratio = shift_ratio
         self.warn_ratio = warn_ratio
         self.critical_ratio = critical_ratio
         self.adapt_after = adapt_after
@@ -163,6 +175,7 @@ class Spike(CoreDetector):
             peak_ratio = _exp(peak_dev)
             ratio = value / expected
             lasting = run >= self.sustain and peak_ratio >= self.sustain_ratio
+            lasting |= run >= self.shift_after and peak_ratio >= self.shift_ratio
         else:
             expected, lower = center, center - self.threshold * scale
             upper = center + self.threshold * scale
