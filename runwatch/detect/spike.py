@@ -189,7 +189,9 @@ class Spike(CoreDetector):
             severity = "info"
         space = "log" if log else "linear"
         size = f"x{ratio:.2f}, " if log else ""
-        msg = f"spike: {value:.4g} vs baseline {expected:.4g} ({size}{z:.1f} sigma)"
+        # Past ``shift_after`` points it is no longer a spike but a new level.
+        kind = "level shift" if run >= self.shift_after else "spike"
+        msg = f"{kind}: {value:.4g} vs baseline {expected:.4g} ({size}{z:.1f} sigma)"
         if run > 1:
             msg += f", {run} points so far"
         return Signal(

@@ -23,10 +23,17 @@ def severities(detector: Spike, values: np.ndarray) -> list[tuple[int, str]]:
 
 
 def test_a_lasting_rise_of_eight_percent_becomes_a_warning_after_shift_after_points():
-    hits = severities(Spike(), loss_with_rise(0.08, 150, 250))
-    assert hits and hits[0] == (150, "info")  # one point of it is a small spike
-    warned = [s for s, sev in hits if sev == "warning"]
-    assert warned and warned[0] == 150 + Spike().shift_after - 1  # then it lasted
+    detector = Spike()
+    hits = [
+        (s, sig)
+        for s, v in enumerate(loss_with_rise(0.08, 150, 250))
+        if (sig := detector.update(s, v))
+    ]
+    assert hits and hits[0][0] == 150 and hits[0][1].severity == "info"  # a small spike
+    assert hits[0][1].message.startswith("spike:")
+    warned = [(s, sig) for s, sig in hits if sig.severity == "warning"]
+    assert warned and warned[0][0] == 150 + detector.shift_after - 1  # then it lasted
+    assert warned[0][1].message.startswith("level shift:")
 
 
 def test_a_short_rise_of_the_same_size_stays_info():
