@@ -20,9 +20,9 @@ class Spike(CoreDetector):
     lasts ``sustain`` points with a peak of ``sustain_ratio`` times the baseline (in linear
     space: twice ``threshold`` sigmas), or ``shift_after`` points with a peak of
     ``shift_ratio`` (a lasting rise too small for one point to show: a level shift),
-    critical at ``critical_ratio``. ``details`` holds the
-    magnitude (``ratio``, ``z``), the ``duration`` in points and the ``peak``; whether the
-    run recovered is known when the episode closes (the Monitor records it).
+    critical at ``critical_ratio``. ``details`` holds the magnitude (``ratio``, ``z``), the
+    ``duration`` in points and the ``peak``; whether the run recovered is known when the
+    episode closes (the Monitor records it).
 
     Catches: single-step and short loss/grad-norm spikes from the first point (delay 0).
     Misses: downward dips (never flagged); slow rises (see Divergence); spikes smaller
