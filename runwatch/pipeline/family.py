@@ -23,6 +23,7 @@ from runwatch.expect.family import (
 from runwatch.expect.family_forecast import family_forecast
 from runwatch.expect.forecast import Forecast
 from runwatch.expect.planned import BadSchedule, planned_lr
+from runwatch.expect.powerlaw import TooLittleData
 from runwatch.expect.reference import ReferenceCurve
 from runwatch.expect.schedule import project_lr
 from runwatch.model import LR_METRICS
@@ -277,15 +278,19 @@ def family_curves(
     """Family mode for the expected-curve detector: each loss metric's family curve for
     ``run`` before it starts, with the family's band as the curve's own margin. What
     ``Monitor(references=...)`` takes for ``analyze --family`` and ``init(family=...)``;
-    metrics the family lacks are left out (an error when none is left)."""
-    curves = {}
+    metrics the family lacks or logs too rarely are left out (an error, naming why, when
+    none is left)."""
+    curves, missed = {}, []
     for metric in metrics:
         try:
             fc = forecast_family(
                 store, run, metric, family, upto=0, final_step=final_step, config=config
             )
-        except MissingMetricError as exc:
+        except (MissingMetricError, TooLittleData) as exc:
+            # A metric the family lacks, or logs too rarely to fit (HF's one-point
+            # ``train_loss``), is left to the run's own fit; the others are judged.
             log.info("no family curve for %s: %s", metric, exc)
+            missed.append(f"{metric}: {exc}")
             continue
         steps = np.unique(np.geomspace(1, fc.final_step, CURVE_POINTS).round())
         mean, _, upper = fc.curve(steps)
@@ -294,7 +299,8 @@ def family_curves(
         first = FIT_FROM * fc.final_step
         curves[metric] = ReferenceCurve(steps, mean, offset=False, rel_band=band, first_step=first)
     if not curves:
-        raise ValueError(f"the family has none of run {run!r}'s loss metrics")
+        why = "; ".join(missed) or "it has none"
+        raise ValueError(f"no family curve for any of run {run!r}'s loss metrics ({why})")
     return curves
 
 

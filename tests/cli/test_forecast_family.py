@@ -86,6 +86,23 @@ def test_analyze_family_flags_a_run_above_its_scaling_line(db, capsys):
     assert not [a for a in found if a["detector"] == "curve_deviation" and a["severity"] != "info"]
 
 
+def test_a_loss_the_family_logs_too_rarely_is_left_to_the_runs_own_fit(tmp_path, capsys):
+    # HF logs ``train_loss`` once, at the end: it cannot be fitted, and must not stop the
+    # family from judging ``loss``.
+    db = tmp_path / "hf.db"
+    for name, params, worse in (("s", 1e5, 1), ("m", 3e5, 1), ("l", 1e6, 1), ("xl", 3e6, 1.15)):
+        src = _run_csv(tmp_path / f"{name}.csv", name, params, 2000, worse=worse)
+        src.write_text(src.read_text() + f"{name},2000,train_loss,2.5\n")
+        config = {"params": params, "total_steps": 2000, "schedule": COSINE}
+        assert main(["import", str(src), "--db", str(db), "--config", json.dumps(config)]) == 0
+    capsys.readouterr()
+    argv = ["analyze", "--db", str(db), "--run", "xl", "--family", "s", "m", "l"]
+    assert main([*argv, "--format", "json"]) == 0
+    found = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    worse = [a for a in found if a["detector"] == "curve_deviation" and a["severity"] == "warning"]
+    assert worse and {a["metric"] for a in worse} == {"loss"}
+
+
 def _state(db):
     with open_store(str(db)) as store:
         runs = store.runs()
