@@ -180,6 +180,12 @@ class FamilyFit:
         return (self.size_law, *self.size_laws_alike)
 
     @property
+    def mixed_laws(self) -> tuple[str, ...]:
+        """The size laws the expected curve averages, each of which the band reaches;
+        empty when one law is used alone."""
+        return self.size_laws if self.size_laws_alike else ()
+
+    @property
     def params(self) -> np.ndarray:
         return np.array([s.params for s in self.sizes])
 

@@ -8,7 +8,7 @@ prior (no offset, the family's own error) by precision, so a few noisy points mo
 little and many move it to the run's own level. What the ratio cannot know, that the run's
 shape drifts from the family's later on, widens the band with the steps still to come; the
 law's credit for annealing beyond any run's (a longer cosine) lifts its upper end, and the
-size laws the family cannot rule out (``FamilyFit.size_laws``, whose weighted mean the
+size laws the family cannot rule out (``FamilyFit.mixed_laws``, whose weighted mean the
 curve is) move both ends.
 """
 
@@ -57,7 +57,7 @@ def family_forecast(
     high, low = untested / positive, np.ones_like(prior)
     # ... and, with the lower end, what the size laws the family cannot rule out expect,
     # each at the run's level where it has been seen.
-    for law in fit.size_laws if fit.size_laws_alike else ():
+    for law in fit.mixed_laws:
         ratio = fit.expected(params, lr_steps, lr_share, final, law=law) / positive
         ratio /= ratio[min(seen, final)] if seen else 1.0
         high, low = np.fmax(high, ratio), np.fmin(low, ratio)
@@ -76,7 +76,6 @@ def family_forecast(
         below = np.flatnonzero(prior * math.exp(shift) <= target)
         target_step = int(below[below >= seen][0]) if (below >= seen).any() else None
     laws = fit.size_laws if len(fit.sizes) > 1 else ()
-    weights = fit.size_law_weights if laws else ()
     return Forecast(
         m,
         lo,
@@ -88,5 +87,5 @@ def family_forecast(
         final,
         curve,
         size_laws=laws,
-        size_law_weights=weights,
+        size_law_weights=fit.size_law_weights,
     )

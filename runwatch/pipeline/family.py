@@ -322,8 +322,9 @@ def scaling_view(
     grid = np.geomspace(lo, hi, points)
     means = fit.final_by_size(grid, lr_steps, share, fin)
     # The band reaches what each size law the family cannot rule out expects, too.
-    laws = fit.size_laws if fit.size_laws_alike else ()
-    finals = [means] + [fit.final_by_size(grid, lr_steps, share, fin, law) for law in laws]
+    finals = [means] + [
+        fit.final_by_size(grid, lr_steps, share, fin, law) for law in fit.mixed_laws
+    ]
     low, high = np.min(finals, axis=0), np.max(finals, axis=0)
     law = []
     for p, mean, bottom, top in zip(grid, means, low, high, strict=True):
