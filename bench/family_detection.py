@@ -21,7 +21,6 @@ curve: the anchor). Counted on their loss metrics:
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -157,4 +156,4 @@ def print_tables(clean: pd.DataFrame, faults: pd.DataFrame) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
