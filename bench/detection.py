@@ -1,6 +1,6 @@
 """The labelled detection benchmark of issue 3, on the real runs in shared/data/real_runs.
 
-    python bench/detection.py [--quick] [--data DIR]
+    python bench/detection.py [--quick] [--data DIR] [--every K]
 
 What it does, all in one run, with a seeded RNG:
 1. Clean real curves: replay the full Monitor over every run and count alarms of severity
@@ -20,6 +20,8 @@ What it does, all in one run, with a seeded RNG:
 4. Replay throughput of the full default detector set, points/s.
 
 Runs listed in ``HELD_OUT`` were not used for tuning; they are reported separately.
+``--every K`` replays every run as a trainer logging every K steps writes it (window means,
+``logged_every``), the faults injected on what it logged.
 """
 
 from __future__ import annotations
@@ -103,6 +105,26 @@ def load_runs(data: Path) -> dict[str, pd.DataFrame]:
         df = pd.read_csv(path)
         runs[path.stem] = df[["metric", "step", "value"]].copy()
     return runs
+
+
+WINDOW_LAST = frozenset({"lr"})
+"""Metrics a trainer logs as their value at the window's last step; the rest as the mean."""
+
+
+def logged_every(df: pd.DataFrame, every: int) -> pd.DataFrame:
+    """The run as a trainer logging every ``every`` steps writes it (HF ``logging_steps``,
+    Lightning ``log_every_n_steps`` with ``on_step`` means): one point per window of
+    ``every`` steps, at its last step, the window's mean (the LR: its last value)."""
+    if every <= 1:
+        return df
+    out = []
+    for metric, g in df.groupby("metric", sort=False):
+        g = g.sort_values("step", kind="stable")
+        window = g["step"].to_numpy() // every
+        grouped = g.groupby(window, sort=True)
+        values = grouped["value"].last() if metric in WINDOW_LAST else grouped["value"].mean()
+        out.append(pd.DataFrame({"metric": metric, "step": grouped["step"].max(), "value": values}))
+    return pd.concat(out, ignore_index=True)
 
 
 def run_steps(df: pd.DataFrame) -> int:
@@ -197,7 +219,12 @@ def plateau_size(trend: np.ndarray, t0: int, noise: float) -> str:
     return PLATEAU_SIZES[0] if lost < 3 else PLATEAU_SIZES[1] if lost < 6 else PLATEAU_SIZES[2]
 
 
-def make_faults(runs: dict[str, pd.DataFrame], rng: np.random.Generator, quick: bool):
+def make_faults(
+    runs: dict[str, pd.DataFrame],
+    rng: np.random.Generator,
+    quick: bool,
+    min_loss_points: int = 1500,
+):
     faults: list[Fault] = []
     positions = (0.3, 0.6) if quick else (0.25, 0.5, 0.75)
     for run, df in runs.items():
@@ -212,7 +239,7 @@ def make_faults(runs: dict[str, pd.DataFrame], rng: np.random.Generator, quick: 
 
         if loss is not None:
             st, v = arr(loss)
-            if v.size < 1500 or np.nanmin(v) <= 0:
+            if v.size < min_loss_points or np.nanmin(v) <= 0:
                 loss = None
         if loss is not None:
             n = v.size
@@ -508,17 +535,25 @@ def print_fault_table(res: pd.DataFrame, title: str) -> None:
         for det in TABLE_DETECTORS:
             target = TARGETS[kind] if det == "runwatch(any)" else ""
             print(_fault_row(kind, det, sub[sub["detector"] == det], target))
-        if kind == "plateau":
+        if kind in ("plateau", "level_shift"):
             _print_by_size(sub)
 
 
 def _print_by_size(sub: pd.DataFrame) -> None:
-    """Plateau rows per size bucket (lost progress / local noise), ours and baselines."""
-    for size in reversed(PLATEAU_SIZES):
+    """Rows per size (plateau: lost progress / local noise; level shift: the rise), ours
+    and baselines."""
+    for size in sorted(set(sub["size"]), key=_size_order):
         for det in TABLE_DETECTORS:
             d = sub[(sub["detector"] == det) & (sub["size"] == size)]
             if not d.empty:
                 print(_fault_row("  " + size, det, d))
+
+
+def _size_order(size: str) -> tuple[int, float]:
+    """Largest first: the plateau buckets from ``>=6x``, the level shifts from +10%."""
+    if size in PLATEAU_SIZES:
+        return (0, -PLATEAU_SIZES.index(size))
+    return (1, -float(size.strip("+%")))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -527,12 +562,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer positions and durations")
     ap.add_argument("--seed", type=int, default=20241)
     ap.add_argument("--kinds", default="", help="comma-separated fault kinds to run (default: all)")
+    ap.add_argument(
+        "--every",
+        type=int,
+        default=1,
+        help="replay the runs as logged every K steps (window means), as HF and Lightning log",
+    )
     args = ap.parse_args(argv)
     if not args.data.is_dir():
         print(f"no data at {args.data}", file=sys.stderr)
         return 2
     t_start = time.perf_counter()
-    runs = load_runs(args.data)
+    runs = {run: logged_every(df, args.every) for run, df in load_runs(args.data).items()}
     rng = np.random.default_rng(args.seed)
 
     clean, pps = clean_false_alarms(runs)
@@ -556,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
             f"; our info-level episodes {sub['info'].sum() * per:.0f}"
         )
 
-    faults = make_faults(runs, rng, args.quick)
+    faults = make_faults(runs, rng, args.quick, max(1500 // args.every, 150))
     if args.kinds:
         faults = [f for f in faults if f.kind in args.kinds.split(",")]
     res = score_faults(faults)

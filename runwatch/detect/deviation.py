@@ -17,6 +17,19 @@ from runwatch.expect.reference import ReferenceCurve
 log = logging.getLogger("runwatch.detect")
 
 
+CADENCE_POINTS = 8
+"""The first points, whose median step gap is taken as the series' logging interval."""
+
+CALIBRATED_GAP = 5
+"""The longest logging interval of the real runs the point windows were set on (Megatron's
+runs in shared/data/real_runs log every 5 steps): up to it the windows are kept as given."""
+
+
+def _shifted(on_error: Callable[[int], None], offset: int) -> Callable[[int], None]:
+    """``on_error`` for a slice of a series that starts at ``offset``."""
+    return lambda j: on_error(j + offset)
+
+
 class CurveDeviation(LRAware, Detector):
     """The smoothed loss stays outside the band of its expected curve for long enough.
 
@@ -107,6 +120,11 @@ class CurveDeviation(LRAware, Detector):
         Flagged points above the band after which the detector starts afresh.
     unseen_anneal : float
         Fraction of an unseen anneal's predicted drop that widens the band.
+    max_thinning : float
+        Most a sparse series' cadence divides the point windows by (``span``,
+        ``patience``, ``min_points``, ``stall_window``, ``adapt_after``): a series logged
+        every g > ``CALIBRATED_GAP`` steps keeps their length in steps, down to a
+        ``1 / max_thinning`` share of their points.
 
     Examples
     --------
@@ -141,6 +159,7 @@ class CurveDeviation(LRAware, Detector):
         stall_min: float = 0.004,
         adapt_after: int = 5000,
         unseen_anneal: float = 0.25,
+        max_thinning: float = 10.0,
     ) -> None:
         check_number("span", span, low=1, integer=True)
         check_number("band_sigmas", band_sigmas, low=0.0)
@@ -157,6 +176,8 @@ class CurveDeviation(LRAware, Detector):
         check_number("stall_min", stall_min, low=0.0)
         check_number("adapt_after", adapt_after, low=1, integer=True)
         check_number("unseen_anneal", unseen_anneal, low=0.0)
+        check_number("max_thinning", max_thinning, low=1.0)
+        self.max_thinning = max_thinning
         self.unseen_anneal = unseen_anneal
         self.stall_window = stall_window
         self.stall_frac = stall_frac
@@ -188,16 +209,26 @@ class CurveDeviation(LRAware, Detector):
         self._core.set_reference(max(self._ref_last, 1.0), terms)
 
     def _reset(self) -> None:
+        self._thinning = 1.0
+        self._first: list[tuple[float, float, float, float]] | None = []
+        self._build_core()
+
+    def _build_core(self) -> None:
+        """A fresh core, its point windows thinned by the series' cadence (``_thinning``)."""
+
+        def thin(points: int) -> int:
+            return max(1, round(points / self._thinning))
+
         self._core = CurveDeviationCore(
             self.span,
             self.band_sigmas,
             self._margin(),
             self.patience,
-            self.min_points,
+            max(thin(self.min_points), CADENCE_POINTS),
             self.refit_growth,
             self.extrap_rel,
             self.learn_frac,
-            self.stall_window,
+            thin(self.stall_window),
             self.stall_frac,
             self.stall_min,
             self.adapt_after,
@@ -250,16 +281,47 @@ class CurveDeviation(LRAware, Detector):
     def update(self, step: int, value: float) -> Signal | None:
         if not math.isfinite(value) or step < self._judged_from:
             return None
+        ar = self._areas_now(step) if self._reference is None else None
+        return self._point(step, value, *(ar or (math.nan, math.nan)))
+
+    def _point(self, step: int, value: float, s1: float, s2: float) -> Signal | None:
+        """One finite, judged point with its LR areas (NaN: none yet)."""
+        rec = self._feed(step, value, s1, s2)
+        if self._first is not None:
+            self._learn_cadence(step, value, s1, s2)
+        return None if rec is None else self._signal(step, value, rec)
+
+    def _feed(self, step: float, value: float, s1: float, s2: float) -> tuple | None:
+        """The core's record of one point, refitting first where the core asks for it."""
         if self._reference is not None:
             rec = self._core.update(step, value, ref=self._ref_at(step))
-        elif (ar := self._areas_now(step)) is not None:
-            rec = self._core.update(step, value, *ar)
         else:
-            rec = self._core.update(step, value)
+            rec = self._core.update(step, value, s1, s2)
         if rec is REFIT_DUE:
             self._refit(step)
             rec = self._core.resume()
-        return None if rec is None else self._signal(step, value, rec)
+        return rec
+
+    def _learn_cadence(self, step: float, value: float, s1: float, s2: float) -> None:
+        """Keep the first points until ``CADENCE_POINTS`` give the series' step gap g. A
+        series logged more sparsely than ``CALIBRATED_GAP`` (a trainer logging every 50 or
+        500 steps) is then judged with the windows, in steps, of one logged every
+        ``CALIBRATED_GAP`` steps: the core is rebuilt with its point windows divided by
+        g / ``CALIBRATED_GAP``, at most ``max_thinning``, and fed those points again (none
+        of them can be flagged: ``min_points`` stays at least ``CADENCE_POINTS``)."""
+        first = self._first
+        assert first is not None
+        first.append((step, value, s1, s2))
+        if len(first) < CADENCE_POINTS:
+            return
+        self._first = None
+        thinning = float(np.median(np.diff([p[0] for p in first]))) / CALIBRATED_GAP
+        if thinning <= 1:
+            return
+        self._thinning = min(thinning, self.max_thinning)
+        self._build_core()
+        for point in first:
+            self._feed(*point)
 
     def update_many(
         self,
@@ -282,6 +344,38 @@ class CurveDeviation(LRAware, Detector):
         check_lengths(steps, values)
         if self._judged_from > 0 and len(steps) and min(steps) < self._judged_from:
             return self._update_judged(steps, values, on_error, areas)
+        if self._first is not None:
+            return self._update_learning_cadence(steps, values, on_error, areas)
+        return self._update_many_core(steps, values, on_error, areas)
+
+    def _update_learning_cadence(self, steps, values, on_error, areas):
+        """``update_many`` while the cadence is not known: the points that complete it one
+        by one (as ``update`` takes them), the rest in the core."""
+        out: list[tuple[int, Signal]] = []
+        i, n = 0, len(values)
+        while i < n and self._first is not None:
+            value = float(values[i])
+            if math.isfinite(value):
+                s1, s2 = (float(a[i]) for a in areas) if areas is not None else (math.nan,) * 2
+                try:
+                    sig = self._point(steps[i], value, s1, s2)
+                except Exception:
+                    if on_error is None:
+                        raise
+                    on_error(i)
+                else:
+                    if sig is not None:
+                        out.append((i, sig))
+            i += 1
+        if i < n:
+            rest = None if areas is None else tuple(np.asarray(a)[i:] for a in areas)
+            back = None if on_error is None else _shifted(on_error, i)
+            got = self._update_many_core(steps[i:], values[i:], back, rest)
+            out += [(i + j, sig) for j, sig in got]
+        return out
+
+    def _update_many_core(self, steps, values, on_error, areas):
+        """``update_many`` on a detector that knows its cadence, in the compiled core."""
         st = np.ascontiguousarray(steps, dtype=np.float64)
         vs = np.ascontiguousarray(values, dtype=np.float64)
         s1 = s2 = refs = None

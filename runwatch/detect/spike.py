@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
 from runwatch.detect._spike_core import SpikeCore
-from runwatch.detect.base import CoreDetector, Signal, check_choice, check_number
+from runwatch.detect.base import (
+    CoreDetector,
+    Signal,
+    check_choice,
+    check_lengths,
+    check_number,
+    signals_of,
+)
 
 
 class Spike(CoreDetector):
@@ -18,8 +26,10 @@ class Spike(CoreDetector):
     spike goes on while points stay ``continue_threshold`` sigmas above. Severity: info for
     a short blip, warning once its peak reaches ``warn_ratio`` times the baseline or it
     lasts ``sustain`` points with a peak of ``sustain_ratio`` times the baseline (in linear
-    space: twice ``threshold`` sigmas), or ``shift_after`` points with a peak of
-    ``shift_ratio`` (a lasting rise too small for one point to show: a level shift),
+    space: twice ``threshold`` sigmas), or ``shift_after`` steps and ``shift_points``
+    points with a peak of ``shift_ratio`` (a lasting rise too small for one point to show:
+    a level shift; in steps, so a run logged every 10 or 500 steps is judged as one logged
+    every step),
     critical at ``critical_ratio``. ``details`` holds the magnitude (``ratio``, ``z``), the
     ``duration`` in points and the ``peak``; whether the run recovered is known when the
     episode closes (the Monitor records it).
@@ -55,7 +65,10 @@ class Spike(CoreDetector):
     sustain_ratio : float
         Peak over baseline that makes a lasting spike a warning (>= 1).
     shift_after : int
-        Points after which a spike of ``shift_ratio`` is a warning, a level shift (>= 1).
+        Training steps after which a spike of ``shift_ratio`` is a warning, a level shift
+        (>= 1), once it also spans ``shift_points`` points.
+    shift_points : int
+        Fewest points a level shift spans (>= 1).
     shift_ratio : float
         Peak over baseline that makes a spike of ``shift_after`` points a warning (>= 1).
     warn_ratio : float
@@ -93,6 +106,7 @@ class Spike(CoreDetector):
         sustain: int = 4,
         sustain_ratio: float = 1.2,
         shift_after: int = 50,
+        shift_points: int = 5,
         shift_ratio: float = 1.05,
         warn_ratio: float = 2.5,
         critical_ratio: float = 5.0,
@@ -109,6 +123,7 @@ class Spike(CoreDetector):
         check_number("sustain", sustain, low=1, integer=True)
         check_number("sustain_ratio", sustain_ratio, low=1.0)
         check_number("shift_after", shift_after, low=1, integer=True)
+        check_number("shift_points", shift_points, low=1, integer=True)
         check_number("shift_ratio", shift_ratio, low=1.0)
         check_number("warn_ratio", warn_ratio, low=1.0)
         check_number("critical_ratio", critical_ratio, low=warn_ratio)
@@ -124,7 +139,9 @@ class Spike(CoreDetector):
         self.sustain = sustain
         self.sustain_ratio = sustain_ratio
         self.shift_after = shift_after
+        self.shift_points = shift_points
         self.shift_ratio = shift_ratio
+        self._episode_from = 0  # step of the current spike's first point
         self.warn_ratio = warn_ratio
         self.critical_ratio = critical_ratio
         self.adapt_after = adapt_after
@@ -165,9 +182,33 @@ class Spike(CoreDetector):
         """True while the detector works on log values (the series has stayed positive)."""
         return self._core.log_space
 
-    def _signal(self, value: float, rec: tuple) -> Signal:
-        """The Signal of a flagged point from its ``SpikeCore`` record."""
-        center, scale, z, run, adapted, peak_dev, peak_value, log = rec
+    def update(self, step: int, value: float) -> Signal | None:
+        rec = self._core.update(step, value)
+        return None if rec is None else self._signal(value, (step, rec))
+
+    def update_many(
+        self,
+        steps: Sequence[int],
+        values: Sequence[float],
+        on_error: Callable[[int], None] | None = None,
+    ) -> list[tuple[int, Signal]]:
+        """``CoreDetector.update_many``, with each flagged point's step beside its record
+        (a level shift is judged by the steps its spike has lasted)."""
+        check_lengths(steps, values)
+        records = [
+            (i, rec if isinstance(rec, Exception) else (int(steps[i]), rec))
+            for i, rec in self._core.update_many(steps, values)
+        ]
+        return signals_of(records, values, self._signal, on_error)
+
+    def _signal(self, value: float, stepped: tuple[int, tuple]) -> Signal:
+        """The Signal of a flagged point from its step and ``SpikeCore`` record."""
+        step, (center, scale, z, run, adapted, peak_dev, peak_value, log) = stepped
+        if run == 1:
+            self._episode_from = step
+        # The steps the spike covers, each point counting for the gap between its points.
+        covered = (step - self._episode_from) * run / (run - 1) if run > 1 else 1
+        shifted = run >= self.shift_points and covered >= self.shift_after
         if log:
             expected = _exp(center)
             lower = _exp(center - self.threshold * scale)
@@ -175,7 +216,7 @@ class Spike(CoreDetector):
             peak_ratio = _exp(peak_dev)
             ratio = value / expected
             lasting = run >= self.sustain and peak_ratio >= self.sustain_ratio
-            lasting |= run >= self.shift_after and peak_ratio >= self.shift_ratio
+            lasting |= shifted and peak_ratio >= self.shift_ratio
         else:
             expected, lower = center, center - self.threshold * scale
             upper = center + self.threshold * scale
@@ -189,8 +230,8 @@ class Spike(CoreDetector):
             severity = "info"
         space = "log" if log else "linear"
         size = f"x{ratio:.2f}, " if log else ""
-        # Past ``shift_after`` points it is no longer a spike but a new level.
-        kind = "level shift" if run >= self.shift_after else "spike"
+        # Past ``shift_after`` steps it is no longer a spike but a new level.
+        kind = "level shift" if shifted else "spike"
         msg = f"{kind}: {value:.4g} vs baseline {expected:.4g} ({size}{z:.1f} sigma)"
         if run > 1:
             msg += f", {run} points so far"

@@ -166,6 +166,8 @@ def trouble_curves() -> dict[str, tuple[list[int], list[float]]]:
         "gap": (gap_s.tolist(), noisy.tolist()),
         "inf": (s.tolist(), quiet_late.tolist()),
         "sign_change": (s.tolist(), (noisy - 3.0).tolist()),  # log space ends mid-run
+        # Logged every 50 steps: the windows are thinned by the cadence.
+        "sparse": ((s * 50).tolist()[:1200], plateau[::10].tolist()),
     }
 
 
@@ -188,7 +190,7 @@ def _point_by_point(det: Detector, steps, values):
 
 
 SPEAKS = {
-    CurveDeviation: {"plateau", "rise", "anneal"},
+    CurveDeviation: {"plateau", "rise", "anneal", "sparse"},
     Stall: {"plateau", "rise", "gap"},
     Divergence: {"rise"},
     Regression: {"jump"},
