@@ -75,7 +75,8 @@ class CurveDeviation(LRAware, Detector):
 
     Misses: a plateau late in a run, where the expected curve is itself nearly flat (it is
     found only once the expected curve has fallen ``rel_margin`` below it); anything in
-    the first ``min_points`` points; without a logged LR the drop of an LR anneal is only
+    the first ``min_points`` points (fewer, down to 100, for a series logged less often than
+    every 5 steps: ``max_thinning``); without a logged LR the drop of an LR anneal is only
     info ("better than expected"), and with it, a plateau that the LR explains (an LR
     stuck at 0 is expected to stall the loss: ``LRSanity`` on the LR series reports it).
 
@@ -121,10 +122,10 @@ class CurveDeviation(LRAware, Detector):
     unseen_anneal : float
         Fraction of an unseen anneal's predicted drop that widens the band.
     max_thinning : float
-        Most a sparse series' cadence divides the point windows by (``span``,
-        ``patience``, ``min_points``, ``stall_window``, ``adapt_after``): a series logged
-        every g > ``CALIBRATED_GAP`` steps keeps their length in steps, down to a
-        ``1 / max_thinning`` share of their points.
+        Most a sparse series' cadence divides ``min_points`` and ``stall_window`` by: a
+        series logged every g > ``CALIBRATED_GAP`` steps keeps their length in steps, down
+        to a ``1 / max_thinning`` share of their points. ``span`` and ``patience``, the
+        evidence a flag needs, stay in points.
 
     Examples
     --------
@@ -214,7 +215,8 @@ class CurveDeviation(LRAware, Detector):
         self._build_core()
 
     def _build_core(self) -> None:
-        """A fresh core, its point windows thinned by the series' cadence (``_thinning``)."""
+        """A fresh core, the windows that say when judging starts thinned by the series'
+        cadence (``_thinning``)."""
 
         def thin(points: int) -> int:
             return max(1, round(points / self._thinning))
@@ -306,9 +308,10 @@ class CurveDeviation(LRAware, Detector):
         """Keep the first points until ``CADENCE_POINTS`` give the series' step gap g. A
         series logged more sparsely than ``CALIBRATED_GAP`` (a trainer logging every 50 or
         500 steps) is then judged with the windows, in steps, of one logged every
-        ``CALIBRATED_GAP`` steps: the core is rebuilt with its point windows divided by
-        g / ``CALIBRATED_GAP``, at most ``max_thinning``, and fed those points again (none
-        of them can be flagged: ``min_points`` stays at least ``CADENCE_POINTS``)."""
+        ``CALIBRATED_GAP`` steps: the core is rebuilt with ``min_points`` and
+        ``stall_window`` divided by g / ``CALIBRATED_GAP``, at most ``max_thinning``, and
+        fed those points again (none of them can be flagged: ``min_points`` stays at least
+        ``CADENCE_POINTS``)."""
         first = self._first
         assert first is not None
         first.append((step, value, s1, s2))
