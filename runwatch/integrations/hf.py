@@ -9,8 +9,9 @@ The run starts in ``on_train_begin``, when the Trainer knows the model and the n
 optimizer steps, so the config holds ``params``, ``total_steps`` and the planned LR
 ``schedule`` from the start (the store takes a run's config when the run begins). Metrics
 keep HF's names except ``learning_rate`` -> ``lr``; ``step_time_s`` and ``tokens_per_s``
-are measured here. Per log the training thread only marks HF's new ``log_history`` entry
-with the time; the writer thread reads it (``Run.follow``). Under DDP each rank's own
+are measured here. While ``train()`` runs the callback is out of HF's per-step dispatch
+and the training thread only marks each new ``log_history`` entry with the time
+(``hf_dispatch``); the writer thread reads it (``Run.follow``). Under DDP each rank's own
 time and all-reduce wait are logged too (``runwatch.torch``), turned on at the first
 forward. A crash leaving ``train()`` is never seen by a callback: the run stays open and
 runwatch's exit hook records the uncaught exception as a crash
@@ -33,6 +34,7 @@ from transformers import TrainerCallback
 
 from runwatch.hook.ranks import keeps_metric
 from runwatch.hook.run import Run, init
+from runwatch.integrations.hf_dispatch import MarkingHistory, OutOfDispatch, calling_handler
 
 log = logging.getLogger("runwatch.integrations.hf")
 
@@ -112,6 +114,7 @@ class RunwatchCallback(TrainerCallback):
         self._options = options
         self.run: Run | None = None
         self._marks: deque[tuple[Any, ...]] | None = None  # to the writer (_LogHistoryReader)
+        self._out: OutOfDispatch | None = None  # while train() runs
 
     # -- start -----------------------------------------------------------------------------
     def _run_name(self, args: Any) -> str:
@@ -167,17 +170,15 @@ class RunwatchCallback(TrainerCallback):
             _time_ranks_when_wrapped(model, self.run)
         self._marks = deque()
         self.run.follow(_LogHistoryReader(self._marks, config.get("tokens_per_step")))
+        history = MarkingHistory(state.log_history)
+        history.marks = self._marks
+        state.log_history = history  # Trainer.log's append marks each entry with its time
         # The first step's begin starts the first timing window; then HF's no-op again.
         self.on_step_begin = self._restart_window
+        # Out of HF's per-step dispatch until on_train_end (hf_dispatch says why).
+        handler = calling_handler(self)
+        self._out = OutOfDispatch(handler, self) if handler is not None else None
         log.debug("runwatch: run %r started from the HF Trainer", self.run.name)
-
-    # -- the hot path: one mark per log --------------------------------------------------------
-    def on_log(self, args, state, control, **kwargs):
-        marks = self._marks
-        if marks is not None:
-            history = state.log_history  # Trainer.log appended the entry just before
-            if history:
-                marks.append((history[-1], time()))
 
     def _restart_window(self, args, state, control, **kwargs):
         # Evaluation, checkpoints and prediction are not training steps: the next timing
@@ -196,7 +197,12 @@ class RunwatchCallback(TrainerCallback):
         self.__dict__.pop("on_step_begin", None)
         if run is not None:
             run.finish()  # logs the last step's runwatch.torch wait first, reads the last log
+        if type(state.log_history) is MarkingHistory:
+            state.log_history = list(state.log_history)
         self._marks = None
+        if self._out is not None:
+            self._out.restore()
+            self._out = None
 
 
 class _LogHistoryReader:

@@ -152,6 +152,9 @@ def test_an_eval_or_a_checkpoint_does_not_read_as_a_slow_step(tmp_path, db_path)
     longest = float(step_time["value"].max())
     assert longest < 0.15, f"an eval counted in a step: {longest:.3f} s"
     assert elapsed > 4 * 1.0  # the evals did take their time
+    # the state HF saved with the checkpoint keeps the log history
+    saved = json.loads((tmp_path / "out" / "checkpoint-10" / "trainer_state.json").read_text())
+    assert [e["step"] for e in saved["log_history"] if "loss" in e] == [4, 8]
 
 
 def test_counted_tokens_give_tokens_per_s(tmp_path, db_path):
@@ -295,10 +298,62 @@ def test_a_caught_crash_is_closed_when_train_runs_again(tmp_path, db_path):
     with pytest.raises(RuntimeError):
         trainer.train()
     trainer.train()
+    # back in its place once, though the first train() left without on_train_end
+    assert [type(c) for c in trainer.callback_handler.callbacks].count(RunwatchCallback) == 1
     with runwatch.open_store(str(db_path)) as store:
         assert store.runs().iloc[0]["status"] == "finished"
         assert len(store.attempts("retry")) == 2
+        assert store.read_series("retry", "loss")["step"].tolist()[-6:] == list(range(1, 7))
         assert len(store.events("retry", kinds=["crash"])) == 1
+
+
+def test_the_callback_leaves_hf_dispatch_while_training_and_comes_back(tmp_path, db_path):
+    """While train() runs HF dispatches no per-step event to the callback (what each costs
+    is bench/README-integrations-hf.md's); after it, the handler is as the user made it."""
+
+    listed = []
+
+    class Watch(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            listed.append([type(c).__name__ for c in trainer.callback_handler.callbacks])
+
+    callback = RunwatchCallback(name="out", store=str(db_path))
+    trainer = _trainer(tmp_path, callback, max_steps=6)
+    trainer.add_callback(Watch())
+    before = list(trainer.callback_handler.callbacks)
+    calls = []
+    for event in ("on_step_end", "on_log", "on_substep_end", "on_optimizer_step"):
+        setattr(callback, event, lambda *a, event=event, **k: calls.append(event))
+    trainer.train()
+    assert len(listed) == 6 and all("RunwatchCallback" not in names for names in listed)
+    assert calls == []
+    assert trainer.callback_handler.callbacks == before
+    assert not {"on_train_begin", "on_step_begin", "on_save"} & set(vars(trainer.callback_handler))
+    assert type(trainer.state.log_history) is list and len(trainer.state.log_history) == 7
+    with runwatch.open_store(str(db_path)) as store:
+        assert store.read_series("out", "loss")["step"].tolist() == list(range(1, 7))
+        assert len(store.read_series("out", "step_time_s")) == 6
+
+
+def test_a_callback_called_without_a_handler_still_logs(tmp_path, db_path):
+    """Events that do not come from HF's CallbackHandler (a custom loop calling the
+    callback itself): the callback cannot leave a dispatch, and still logs each entry."""
+    callback = RunwatchCallback(name="direct", store=str(db_path))
+    trainer = _trainer(tmp_path, callback, max_steps=4)
+    args, state, control = trainer.args, trainer.state, trainer.control
+    state.max_steps = 4
+    callback.on_train_begin(args, state, control, model=trainer.model)
+    for step in range(1, 5):
+        callback.on_step_begin(args, state, control)
+        state.global_step = step
+        state.log_history.append({"loss": 3.0 - 0.1 * step, "step": step})
+    callback.on_train_end(args, state, control)
+    assert callback in trainer.callback_handler.callbacks
+    with runwatch.open_store(str(db_path)) as store:
+        loss = store.read_series("direct", "loss")
+        assert loss["step"].tolist() == [1, 2, 3, 4]
+        assert loss["value"].tolist() == pytest.approx([2.9, 2.8, 2.7, 2.6])
+        assert len(store.read_series("direct", "step_time_s")) == 4
 
 
 def test_log_history_entries_become_numbers_under_runwatch_names_with_their_window():
