@@ -15,6 +15,9 @@ step, so that the machine's drift over a repeat, and what the setup before leave
 - ``hf alone``: the Trainer's default callbacks, ``report_to=[]`` (the baseline);
 - ``+ RunwatchCallback``: the same plus the callback with a real SQLite store and live
   detection on, as a user gets it from two lines;
+- ``+ RunwatchCallback left in HF's dispatch`` (anchor): the same, put back in the
+  handler's list after it left, so HF dispatches every event to it as before 3f6def8
+  (what leaving the dispatch saves);
 - ``+ empty TrainerCallback`` (anchor): a callback that does nothing, so what HF's
   dispatch of any one callback's events costs at this cadence (the floor of a callback);
   its ``on_log`` is the function ``DefaultFlowCallback`` ran just before, warm;
@@ -63,6 +66,7 @@ RESULTS = Path(__file__).parent / "results" / "integration_overhead_hf.md"
 SETUPS = (
     "hf alone",
     "+ RunwatchCallback",
+    "+ RunwatchCallback left in HF's dispatch",
     "+ empty TrainerCallback",
     "+ a callback with its own empty on_log",
     "+ TensorBoardCallback",
@@ -100,7 +104,7 @@ def make_trainer(
     )
     callbacks = []
     watching = None
-    if setup == "+ RunwatchCallback":
+    if setup.startswith("+ RunwatchCallback"):
         watching = RunwatchCallback(name=f"bench-{tag}", store=str(tmp / "bench.db"))
         callbacks.append(watching)
     elif setup == "+ empty TrainerCallback":
@@ -114,6 +118,9 @@ def make_trainer(
     state.max_steps = args.max_steps
     # What train() does before its first step: every callback sees on_train_begin.
     trainer.control = trainer.callback_handler.on_train_begin(args, state, control)
+    if setup == "+ RunwatchCallback left in HF's dispatch":
+        watching._out.restore()  # as when no handler is found: every event dispatched to it
+        watching._out = None
     return trainer, args, watching
 
 
