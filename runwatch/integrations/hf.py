@@ -170,9 +170,8 @@ class RunwatchCallback(TrainerCallback):
             _time_ranks_when_wrapped(model, self.run)
         self._marks = deque()
         self.run.follow(_LogHistoryReader(self._marks, config.get("tokens_per_step")))
-        history = MarkingHistory(state.log_history)
-        history.marks = self._marks
-        state.log_history = history  # Trainer.log's append marks each entry with its time
+        # Trainer.log's append marks each entry with its time.
+        state.log_history = MarkingHistory(state.log_history, self._marks)
         # The first step's begin starts the first timing window; then HF's no-op again.
         self.on_step_begin = self._restart_window
         # Out of HF's per-step dispatch until on_train_end (hf_dispatch says why).

@@ -35,7 +35,9 @@ class MarkingHistory(list):
     entry to it, and the append also puts (entry, time) in ``marks`` for the run's writer.
     Copies HF makes (``dataclasses.asdict`` when it saves its state) have no marks."""
 
-    marks: deque[tuple[Any, ...]] | None = None
+    def __init__(self, entries: Any = (), marks: deque[tuple[Any, ...]] | None = None):
+        super().__init__(entries)
+        self.marks = marks
 
     def append(self, entry: Any) -> None:
         list.append(self, entry)
