@@ -20,8 +20,6 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import runwatch  # noqa: E402
-import runwatch.integrations.hf  # noqa: E402
-import runwatch.integrations.hf_dispatch  # noqa: E402
 from runwatch.integrations.hf import (  # noqa: E402
     RunwatchCallback,
     _LogHistoryReader,
@@ -126,8 +124,8 @@ def test_an_eval_or_a_checkpoint_does_not_read_as_a_slow_step(tmp_path, db_path,
     one that only the model moves (10 ms a training forward, 50 s an eval batch), so the
     machine's own stalls cannot decide the test."""
     clock = [time.time()]
-    monkeypatch.setattr(runwatch.integrations.hf, "time", lambda: clock[0])
-    monkeypatch.setattr(runwatch.integrations.hf_dispatch, "time", lambda: clock[0])
+    monkeypatch.setattr("runwatch.integrations.hf.time", lambda: clock[0])
+    monkeypatch.setattr("runwatch.integrations.hf_dispatch.time", lambda: clock[0])
 
     class SlowEval(transformers.GPT2LMHeadModel):
         def forward(self, input_ids=None, labels=None, **kwargs):
