@@ -1,16 +1,15 @@
 """The expected curve from a recipe's family: earlier runs at other sizes and schedules.
 
-One LR-annealing law (``runwatch.expect.lrlaw``: L = E + A·S1^-α - C·S2) is fitted per
-model size, jointly over that size's runs: their schedules differ, their law does not, so
-a constant-LR and a short cosine run teach what annealing is worth, and the law then
-predicts another schedule or length of the same model from its LR alone (schedule
-transfer; lined up by the LR's areas, not by raw step); a run of the target's own schedule
-and length is followed as it went. Across sizes, the loss at every step of the target's
-schedule is carried to its size by a law per step (``runwatch.expect.size_scaling``), the
-one the family's own leave-one-out errors favour, or the mean of the laws those errors
-cannot tell apart, weighted by their likelihood. The band comes from those errors: each
-schedule predicted from the others of its size, each size from the smaller ones.
-"""
+Within a model size, the runs' schedules differ and their loss over the LR's progress
+does not, so a constant-LR and a short cosine run teach the base curve and what annealing
+is worth, and another schedule or length of the same model is predicted from its LR alone
+(``runwatch.expect.schedule_transfer``: lined up by the LR's areas, not by raw step); a run
+of the target's own schedule and length is followed as it went. Across sizes, the loss at
+every step of the target's schedule is carried to its size by a law per step
+(``runwatch.expect.size_scaling``), the one the family's own leave-one-out errors favour,
+or the mean of the laws those errors cannot tell apart, weighted by their likelihood. The
+band comes from those errors: each schedule predicted from the others of its size, each
+size from the smaller ones."""
 
 from __future__ import annotations
 
@@ -20,8 +19,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from runwatch.expect.binning import bin_arrays
-from runwatch.expect.lrlaw import AreaLaw, fit_area_law, lr_areas
+from runwatch.expect.lrlaw import fit_area_law, lr_areas
 from runwatch.expect.powerlaw import MIN_POINTS, TooLittleData
+from runwatch.expect.schedule_transfer import TransferCurve, transfer_curve
 from runwatch.expect.size_scaling import scale_to
 
 FIT_FROM = 0.1
@@ -37,8 +37,8 @@ differ by less than this share."""
 
 TRANSFER_REL = 0.01
 """The relative error assumed for a schedule transfer when the family cannot measure its
-own (one run per size): the LR-annealing law's error on the real families' held-out
-schedules (``bench/README-forecast-family.md``)."""
+own (one run per size): about the schedule transfer's error on the real and CPU families'
+held-out schedules (``bench/README-forecast-family.md``)."""
 
 DRIFT_REL = 0.01
 """The relative drift per e-fold of steps assumed when the family cannot measure its own
@@ -80,59 +80,28 @@ class Member:
 
 @dataclass(frozen=True)
 class SizeLaw:
-    """The law of one model size, fitted over the family's runs of that size, what it
-    missed of them (each run's residuals by its forward area S1, in log), and their
-    observed curves (binned). A target with the schedule and length of one of the runs is
-    expected to follow that run as it went; another schedule, the law, missing it as the
-    runs did at the same progress of the LR."""
+    """What the family's runs of one model size say: their observed curves, and the
+    schedule transfer learned from them (``runwatch.expect.schedule_transfer``). A target
+    with the schedule and length of one of the runs is expected to follow that run as it
+    went; another schedule, the transfer curve at its LR's areas."""
 
     params: float
-    law: AreaLaw
+    transfer: TransferCurve
     runs: tuple[Member, ...]
-    residuals: tuple[tuple[np.ndarray, np.ndarray], ...] = ()
-    anneal_reach: float = 0.0
-    """The largest annealing area S2 any of the runs reached: the law's credit for more is
-    an extrapolation none of them checked."""
 
     def curve(
-        self,
-        lr_steps: np.ndarray,
-        lr_share: np.ndarray,
-        final: int,
-        anneal_tested_by: int | None = None,
+        self, lr_steps: np.ndarray, lr_share: np.ndarray, final: int, law_credit: bool = False
     ) -> np.ndarray:
         """The loss this size is expected to have at steps 0..``final`` of a plan. With
-        ``anneal_tested_by``, annealing beyond what the runs reached, and the run itself by
-        that step, earns the law no credit (its S2 is held there): that credit is untested."""
+        ``law_credit``, annealing beyond what the runs reached earns the law's credit
+        (``TransferCurve.predict``)."""
         same = _same_schedule(self.runs, lr_steps, lr_share, final)
         if same is not None:
             bs, bv, _ = bin_arrays(same.steps, same.values)
             steps = np.arange(final + 1, dtype=float)
             return np.interp(np.log1p(steps), np.log1p(bs), bv)
         s1, s2 = areas_at(lr_steps, lr_share, final)
-        if anneal_tested_by is not None:
-            tested = float(s2[min(max(anneal_tested_by, 0), final)])
-            s2 = np.minimum(s2, max(self.anneal_reach, tested))
-        base = self.law.predict_areas(s1, s2)
-        if not self.residuals:
-            return base
-        return base + self._missed(np.log(np.maximum(s1, 1e-9)))
-
-    def _missed(self, x: np.ndarray) -> np.ndarray:
-        """The runs' mean residual at log S1 ``x``, over the runs that reached it; beyond
-        every run's reach, held at the residual of the run that reached furthest."""
-        inside = np.array(
-            [np.interp(x, rx, r, left=np.nan, right=np.nan) for rx, r in self.residuals]
-        )
-        covered = np.isfinite(inside).any(axis=0)
-        with np.errstate(invalid="ignore"):
-            mean = np.where(covered, np.nanmean(np.where(covered, inside, 0.0), axis=0), 0.0)
-        if covered.all():
-            return mean
-        far = max(self.residuals, key=lambda res: res[0][-1])
-        near = min(self.residuals, key=lambda res: res[0][0])
-        edge = np.where(x > far[0][-1], far[1][-1], near[1][0])
-        return np.where(covered, mean, edge)
+        return self.transfer.predict(s1, s2, law_credit)
 
 
 def _same_schedule(
@@ -197,14 +166,12 @@ class FamilyFit:
         final: int,
         *,
         law: str | None = None,
-        anneal_tested_by: int | None = None,
+        law_credit: bool = False,
     ) -> np.ndarray:
         """The loss a run of ``params`` with this plan is expected to have, steps 0..final,
-        by ``law`` over size (default: the size laws, weighted); ``anneal_tested_by``: see
+        by ``law`` over size (default: the size laws, weighted); ``law_credit``: see
         ``SizeLaw.curve``."""
-        curves = np.array(
-            [s.curve(lr_steps, lr_share, int(final), anneal_tested_by) for s in self.sizes]
-        )
+        curves = np.array([s.curve(lr_steps, lr_share, int(final), law_credit) for s in self.sizes])
         return self._scaled(curves, params, law)
 
     def _scaled(self, curves: np.ndarray, params: float, law: str | None) -> np.ndarray:
@@ -275,7 +242,8 @@ def areas_at(
 
 
 def _size_law(members: list[Member]) -> SizeLaw:
-    """One law fitted jointly over the runs of one size (their binned later points)."""
+    """The transfer curve of one size, from its runs' binned later points, with the
+    LR-annealing law fitted jointly over them."""
     a1, a2, ys = [], [], []
     for m in members:
         s1, s2 = areas_at(m.lr_steps, m.lr_share, m.last_step)
@@ -291,13 +259,8 @@ def _size_law(members: list[Member]) -> SizeLaw:
         raise TooLittleData(int(y.size), MIN_POINTS, f"binned points in family run(s) {names}")
     law = fit_area_law(np.concatenate(a1), np.concatenate(a2), y)
     params = float(np.median([m.params for m in members]))
-    reach = float(max((x2.max() for x2 in a2 if x2.size), default=0.0))
-    residuals = tuple(
-        (np.log(x1), yv - law.predict_areas(x1, x2))
-        for x1, x2, yv in zip(a1, a2, ys, strict=True)
-        if yv.size
-    )
-    return SizeLaw(params, law, tuple(members), residuals, reach)
+    transfer = transfer_curve(np.concatenate(a1), np.concatenate(a2), y, law)
+    return SizeLaw(params, transfer, tuple(members))
 
 
 def _by_size(members: list[Member]) -> list[list[Member]]:

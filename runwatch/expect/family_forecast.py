@@ -7,7 +7,7 @@ curve (the median log ratio over its latest points) is measured and combined wit
 prior (no offset, the family's own error) by precision, so a few noisy points move it
 little and many move it to the run's own level. What the ratio cannot know, that the run's
 shape drifts from the family's later on, widens the band with the steps still to come; the
-law's credit for annealing beyond any run's (a longer cosine) lifts its upper end, and the
+law's credit for annealing beyond any run's (a longer cosine) lowers its lower end, and the
 size laws the family cannot rule out (``FamilyFit.mixed_laws``, whose weighted mean the
 curve is) move both ends.
 """
@@ -51,17 +51,17 @@ def family_forecast(
     # What the level seen so far cannot tell about the rest: the family's own drift.
     drift = fit.drift_half() if seen else 0.0
     start = max(seen, 1)
-    # The upper end also reaches the curve without the annealing no run has tested ...
-    untested = fit.expected(params, lr_steps, lr_share, final, anneal_tested_by=seen)
+    # The lower end also reaches the law's credit for annealing no run has tested, and
+    # both ends what the size laws the family cannot rule out expect; each curve is set to
+    # the run's level where it has been seen.
     positive = np.where(prior > 0, prior, np.nan)  # ratios to a mean <= 0 are left out
-    high, low = untested / positive, np.ones_like(prior)
-    # ... and, with the lower end, what the size laws the family cannot rule out expect,
-    # each at the run's level where it has been seen.
-    for law in fit.mixed_laws:
-        ratio = fit.expected(params, lr_steps, lr_share, final, law=law) / positive
+    high, low = np.ones_like(prior), np.ones_like(prior)
+    others = [fit.expected(params, lr_steps, lr_share, final, law_credit=True)]
+    others += [fit.expected(params, lr_steps, lr_share, final, law=law) for law in fit.mixed_laws]
+    for other in others:
+        ratio = other / positive
         ratio /= ratio[min(seen, final)] if seen else 1.0
         high, low = np.fmax(high, ratio), np.fmin(low, ratio)
-    high = np.fmax(high, 1.0)
 
     def curve(at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         idx = np.clip(np.asarray(at, dtype=float).round().astype(int), 0, final)
