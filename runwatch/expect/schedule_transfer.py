@@ -64,7 +64,9 @@ class TransferCurve:
         return np.where(x < kx[0], below, np.where(x > kx[-1], above, np.interp(x, kx, ky)))
 
 
-def transfer_curve(s1: np.ndarray, s2: np.ndarray, values: np.ndarray, law: AreaLaw):
+def transfer_curve(
+    s1: np.ndarray, s2: np.ndarray, values: np.ndarray, law: AreaLaw
+) -> TransferCurve:
     """The curve of one size from its runs' (binned) points at areas ``s1``, ``s2``."""
     s1 = np.maximum(np.asarray(s1, dtype=float), 1e-9)
     s2 = np.asarray(s2, dtype=float)
@@ -75,6 +77,7 @@ def transfer_curve(s1: np.ndarray, s2: np.ndarray, values: np.ndarray, law: Area
     curve = TransferCurve(law, (np.log(bs), bv), no_anneal)
     if flat.all():
         return curve
-    ratio = y[~flat] / curve._base(s1[~flat])
-    rs, rv, _ = bin_arrays(s2[~flat], ratio)
+    below = curve._base(s1[~flat])
+    ok = (below > 0) & (y[~flat] > 0)  # a ratio says nothing across zero
+    rs, rv, _ = bin_arrays(s2[~flat][ok], y[~flat][ok] / below[ok])
     return TransferCurve(law, curve.base, (np.r_[0.0, rs], np.r_[1.0, rv]))
