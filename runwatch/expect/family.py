@@ -192,9 +192,9 @@ class FamilyFit:
     ) -> np.ndarray:
         """The final value expected of runs of each of ``params`` with this plan by ``law``
         over size (default: as ``expected``; the scaling view's line), the sizes' curves
-        computed once."""
-        ends = np.array([s.curve(lr_steps, lr_share, int(final))[-1:] for s in self.sizes])
-        return np.array([self._scaled(ends, p, law)[0] for p in params])
+        computed once (whole: the shared size law measures the gap over their later steps)."""
+        curves = np.array([s.curve(lr_steps, lr_share, int(final)) for s in self.sizes])
+        return np.array([self._scaled(curves, p, law)[-1] for p in params])
 
     def drift_half(self) -> float:
         """The 90% half-width, relative per e-fold of steps, of the drift (``drift_rel``)."""
@@ -356,13 +356,15 @@ def _choose_size_law(
     within the F test's 90% quantile of the best's), and the weights of all of these: the
     likelihood of their errors, MSE^(-n/2) for n errors, normalized. Two sizes cannot tell
     laws apart: the floor law with the prior exponent, as the loss of a larger model
-    flattens. The fitted floor needs four (its first test, three smaller sizes)."""
+    flattens. The fitted floor and the shared law need four (their first test, three
+    smaller sizes)."""
     prior = _size_errors(groups, sizes, "prior", first=2)
     if len(groups) < 3:
         return "prior", prior, (), ()
     errors = {"prior": prior, "loglog": _size_errors(groups, sizes, "loglog", first=2)}
     if len(groups) >= 4:
         errors["floor"] = _size_errors(groups, sizes, "floor", first=3)
+        errors["shared"] = _size_errors(groups, sizes, "shared", first=3)
     common = min(len(e) for e in errors.values())
     if not common:
         return "prior", prior, (), ()

@@ -1,7 +1,7 @@
 """Scaling a loss curve over model size, step by step: what a run of another size is
 expected to reach, from the curves of the sizes a family has.
 
-Three laws per step, in the parameter count N:
+Four laws, in the parameter count N:
 
 - ``"loglog"``: log L a straight line in log N (Kaplan's form, L ∝ N^-a), least squares
   over every size. Two sizes are enough; it cannot bend, so far beyond the family it is
@@ -13,9 +13,16 @@ Three laws per step, in the parameter count N:
 - ``"prior"``: the same form with a fixed at ``PRIOR_EXPONENT``, Chinchilla's published
   exponent for parameters: with two or three sizes a floor cannot be measured, but the
   loss does flatten towards one, which the line cannot show.
+- ``"shared"``: L = g(s) + A·N^-a with A and a the same at every step from
+  ``SHARED_FROM`` of the run on, g free per step (Chinchilla's separable form, the data and
+  schedule term in g): the gap between sizes is measured over the later steps together,
+  not at each step alone. Before that share, the gap at each step is the shared one
+  scaled by how far apart the sizes' curves are there. It needs three sizes, like
+  ``"floor"``.
 
-Each is evaluated on at most ``GRID_POINTS`` log-spaced steps and carried to every step as
-a ratio to the largest size's curve, which keeps the cost flat in the run's length.
+The per-step laws are evaluated on at most ``GRID_POINTS`` log-spaced steps and carried to
+every step as a ratio to the largest size's curve, which keeps the cost flat in the run's
+length.
 
 >>> import numpy as np
 >>> n = np.array([1e6, 4e6, 16e6])
@@ -28,13 +35,18 @@ from __future__ import annotations
 
 import numpy as np
 
-LAWS = ("loglog", "floor", "prior")
+LAWS = ("loglog", "floor", "prior", "shared")
 GRID_POINTS = 512
 EXPONENTS = np.geomspace(0.02, 2.0, 48)
 """The exponents a the floor law's grid tries."""
 PRIOR_EXPONENT = 0.34
 """The prior law's a: Hoffmann et al. 2022 (Chinchilla), the fit of L(N, D) over 400+
 runs, alpha = 0.34. Not fitted to any family here (bench/README-forecast-family.md)."""
+SHARED_FROM = 0.5
+"""The share of the steps from which the shared law's gap between sizes is measured: the
+second half of the run. Measured from a tenth on, the gap was too wide for the steps
+between a tenth and a half, and a run's level at a quarter of its steps was misread by it
+(``bench/README-forecast-family.md``)."""
 
 
 def scale_to(curves: np.ndarray, params: np.ndarray, target: float, law: str) -> np.ndarray:
@@ -44,8 +56,10 @@ def scale_to(curves: np.ndarray, params: np.ndarray, target: float, law: str) ->
         return curves[0]
     if law not in LAWS:
         raise ValueError(f"unknown size law {law!r}; valid: {', '.join(LAWS)}")
-    if law == "floor" and curves.shape[0] < 3:
+    if law in ("floor", "shared") and curves.shape[0] < 3:
         law = "loglog"
+    if law == "shared":
+        return _shared(curves, params, target)
     n_steps = curves.shape[1]
     grid = _grid(n_steps)
     sub = np.maximum(curves[:, grid], 1e-12)
@@ -96,3 +110,26 @@ def _floor(y: np.ndarray, params: np.ndarray, target: float, grid_a: np.ndarray)
     best = np.argmin(sse, axis=0)
     cols = np.arange(y.shape[1])
     return e[best, cols] + a[best, cols] * zt[best]
+
+
+def _shared(curves: np.ndarray, params: np.ndarray, target: float) -> np.ndarray:
+    """g(s) + A·N^-a, with A and a fitted by least squares over the steps from
+    ``SHARED_FROM`` on (a grid over a; g and A are linear), carried to every step."""
+    n_steps = curves.shape[1]
+    start = int(SHARED_FROM * (n_steps - 1))
+    cols = np.unique(np.linspace(start, n_steps - 1, min(GRID_POINTS, n_steps - start)).round())
+    late = curves[:, cols.astype(int)]
+    z = np.power((params / params.min())[None, :], -EXPONENTS[:, None])  # grid x sizes
+    dz = z - z.mean(axis=1, keepdims=True)
+    dy = late - late.mean(axis=0)
+    amp = np.maximum((dz @ dy).sum(axis=1) / ((dz * dz).sum(axis=1) * late.shape[1]), 0.0)
+    sse = ((dy[None, :, :] - amp[:, None, None] * dz[:, :, None]) ** 2).sum(axis=(1, 2))
+    k = int(np.argmin(sse))
+    zk, zt = z[k], (target / params.min()) ** -EXPONENTS[k]
+    # The gap at each step: the shared one, scaled down where the sizes are closer together.
+    spread = curves[0] - curves[-1]
+    ref = float(np.mean(spread[start:]))
+    scale = np.clip(spread / ref, 0.0, 1.0) if ref > 0 else np.ones(n_steps)
+    gap = amp[k] * np.where(np.arange(n_steps) < start, scale, 1.0)
+    base = (curves - gap[None, :] * zk[:, None]).mean(axis=0)
+    return base + gap * zt
