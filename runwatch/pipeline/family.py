@@ -294,9 +294,11 @@ def family_curves(
             continue
         steps = np.unique(np.geomspace(1, fc.final_step, CURVE_POINTS).round())
         mean, _, upper = fc.curve(steps)
-        band = float(np.max(upper / mean - 1.0))
-        # Judged from where the family's laws were fitted on (its runs' later steps).
+        # Judged from where the family's laws were fitted on (its runs' later steps), with
+        # the band's widest upper end over those steps.
         first = FIT_FROM * fc.final_step
+        judged = steps >= first
+        band = float(np.max(upper[judged] / mean[judged] - 1.0))
         curves[metric] = ReferenceCurve(steps, mean, offset=False, rel_band=band, first_step=first)
     if not curves:
         why = "; ".join(missed) or "it has none"

@@ -4,12 +4,13 @@ params reaches what each size law the family cannot rule out expects."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from runwatch.collectors.importer import import_long_format
 from runwatch.expect.family import fit_family
 from runwatch.expect.lrlaw import lr_areas
 from runwatch.expect.planned import planned_lr
-from runwatch.pipeline.family import family_members, scaling_view
+from runwatch.pipeline.family import family_curves, family_members, forecast_family, scaling_view
 from runwatch.store import open_store
 
 COSINE = {"name": "cosine", "warmup": 50, "final_lr_fraction": 0.1}
@@ -57,3 +58,21 @@ def test_the_scaling_view_band_reaches_each_size_law_not_ruled_out(tmp_path):
     ends = [fit.final_by_size(params, steps, share, 2000, law) for law in fit.size_laws]
     mean = np.array([row[1] for row in view["law"]])
     np.testing.assert_allclose(mean, np.array(fit.size_law_weights) @ np.array(ends), rtol=1e-9)
+
+
+def test_the_detectors_family_margin_is_the_widest_upper_end_where_it_judges(tmp_path):
+    # The size laws' curves part most in the first steps, where the detector does not
+    # judge a run (before its family's fit starts): its margin is the band's widest upper
+    # end from there on, not wider.
+    with open_store(str(tmp_path / "fam.db")) as store:
+        names = [f"n{i}" for i in range(len(SIZES))]
+        for name, params in zip(names, SIZES, strict=True):
+            _import(store, tmp_path, name, params)
+        config = {"params": 6.4e6, "total_steps": 2000, "schedule": COSINE}
+        ref = family_curves(store, names, "big", ["loss"], config=config)["loss"]
+        fc = forecast_family(store, "big", "loss", names, upto=0, config=config)
+    steps = np.arange(1.0, 2001.0)
+    mean, _, upper = fc.curve(steps)
+    judged = steps >= ref.first_step
+    assert ref.rel_band == pytest.approx(np.max(upper[judged] / mean[judged] - 1), rel=0.02)
+    assert ref.rel_band < 0.9 * np.max(upper / mean - 1)
