@@ -7,7 +7,9 @@ is the ratio R(S2) = loss / B(S1) of the annealed points, by S2. A plan's expect
 B(S1)·R(S2) at its own areas, so schedules are lined up by the LR's progress, not by step.
 Beyond the points' reach B follows the LR-annealing law (``runwatch.expect.lrlaw``), joined
 to them, and R holds at the most annealing a run reached: a longer decay of the same depth
-is expected to be worth no more than the runs saw (``bench/README-forecast-family.md``).
+is expected to be worth no more than the runs saw (``bench/README-forecast-family.md``);
+what the law would credit it with, or, when no run annealed, the single-run forecast's
+allowance for an unseen anneal, is the band's to hold.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from runwatch.expect.binning import bin_arrays
+from runwatch.expect.forecast import ANNEAL_ALLOWANCE
 from runwatch.expect.lrlaw import AreaLaw
 
 UNANNEALED = 1.0
@@ -40,15 +43,22 @@ class TransferCurve:
         return float(self.anneal[0][-1])
 
     def predict(self, s1: np.ndarray, s2: np.ndarray, law_credit: bool = False) -> np.ndarray:
-        """The loss expected at areas ``s1``, ``s2``. With ``law_credit``, annealing beyond
-        the runs' reach earns what the law's C·S2 says instead of nothing more."""
+        """The loss expected at a plan's areas ``s1``, ``s2`` (in step order). With
+        ``law_credit``, annealing beyond the runs' reach earns what the law's C·S2 says
+        instead of nothing more; when no run annealed at all, the law knows nothing of it
+        either, and the plan's annealing earns up to ``ANNEAL_ALLOWANCE`` by its end."""
         s1 = np.maximum(np.asarray(s1, dtype=float), 1e-9)
         s2 = np.asarray(s2, dtype=float)
         kx, ky = self.anneal
         expected = self._base(s1) * np.interp(s2, kx, ky)
-        if law_credit:
-            expected -= self.law.C * np.maximum(s2 - self.anneal_reach, 0.0)
-        return expected
+        if not law_credit:
+            return expected
+        if self.anneal_reach > 0:
+            return expected - self.law.C * np.maximum(s2 - self.anneal_reach, 0.0)
+        full = float(s2.max(initial=0.0))
+        if full < UNANNEALED:
+            return expected
+        return expected * (1.0 - ANNEAL_ALLOWANCE * np.clip(s2 / full, 0.0, 1.0))
 
     def _base(self, s1: np.ndarray) -> np.ndarray:
         """B(S1): the base points inside their reach, the law with no anneal beyond it,

@@ -37,13 +37,13 @@ def truth(params, schedule, total):
     return float(np.median(loss[-5:]))
 
 
-def saturating_member(name, schedule, total, seed=0):
-    """A run whose decay is worth a share of the loss that saturates as it anneals (8% at
-    most), as the CPU families' runs show, where the LR-annealing law's credit C·S2 keeps
-    growing with a longer decay."""
+def saturating_member(name, schedule, total, seed=0, depth=0.08):
+    """A run whose decay is worth a share of the loss that saturates as it anneals (``depth``
+    at most), as the CPU families' runs show, where the LR-annealing law's credit C·S2
+    keeps growing with a longer decay."""
     steps, share = planned_lr(schedule, total)
     s1, s2 = lr_areas(steps, share, total)
-    loss = (2.0 + 3.0 * np.maximum(s1, 1.0) ** -0.5) * (1 - 0.08 * (1 - np.exp(-s2 / 200)))
+    loss = (2.0 + 3.0 * np.maximum(s1, 1.0) ** -0.5) * (1 - depth * (1 - np.exp(-s2 / 200)))
     loss = loss + np.random.default_rng(seed).normal(0, 0.003, loss.size)
     return Member(name, 1e6, steps[1:], loss[1:], steps, share)
 
@@ -60,6 +60,19 @@ def test_schedule_transfer_predicts_another_schedule_and_length_before_it_starts
         assert f.model == "family" and f.upto == 0 and f.final_step == 4000
         assert abs(f.predicted / want - 1) < 0.01
         assert f.lower <= want <= f.upper
+
+
+def test_a_family_that_never_annealed_leaves_room_below_for_a_run_that_does():
+    # Constant-LR runs cannot say what a decay is worth: the mean expects nothing of it,
+    # and the lower end reaches the single-run forecast's allowance for an unseen anneal.
+    family = [saturating_member(f"k{n}", CONSTANT, n, i, 0.045) for i, n in enumerate((2000, 4000))]
+    fit = fit_family(family)
+    steps, share = planned_lr(COSINE, 2000)
+    f = family_forecast(fit, 1e6, steps, share, 2000)
+    want = float(np.median(saturating_member("t", COSINE, 2000, 99, 0.045).values[-5:]))
+    flat = fit.expected(1e6, steps, share, 2000)[-1]
+    assert f.predicted == pytest.approx(flat) and want < flat / 1.04
+    assert f.lower <= want <= f.upper
 
 
 def test_a_larger_size_is_extrapolated_and_its_band_widens_with_distance():
