@@ -177,10 +177,15 @@ class FamilyFit:
     def _scaled(self, curves: np.ndarray, params: float, law: str | None) -> np.ndarray:
         """The sizes' ``curves`` carried to ``params`` by ``law``, or, by default, by each
         size law the family cannot rule out, averaged with their weights."""
-        if law is not None or not self.size_law_weights:
-            return scale_to(curves, self.params, params, law or self.size_law)
-        weighted = zip(self.size_law_weights, self.size_laws, strict=True)
+        weighted = self._weighted_laws(law)
         return sum(w * scale_to(curves, self.params, params, each) for w, each in weighted)
+
+    def _weighted_laws(self, law: str | None) -> list[tuple[float, str]]:
+        """(weight, size law) pairs: ``law`` alone, else the chosen law or the laws the
+        family cannot rule out with their weights."""
+        if law is not None or not self.size_law_weights:
+            return [(1.0, law or self.size_law)]
+        return list(zip(self.size_law_weights, self.size_laws, strict=True))
 
     def final_by_size(
         self,
@@ -192,9 +197,20 @@ class FamilyFit:
     ) -> np.ndarray:
         """The final value expected of runs of each of ``params`` with this plan by ``law``
         over size (default: as ``expected``; the scaling view's line), the sizes' curves
-        computed once (whole: the shared size law measures the gap over their later steps)."""
+        computed once. A per-step law needs their last step only; the shared law, their
+        later steps."""
         curves = np.array([s.curve(lr_steps, lr_share, int(final)) for s in self.sizes])
-        return np.array([self._scaled(curves, p, law)[-1] for p in params])
+        ends = curves[:, -1:]
+        weighted = self._weighted_laws(law)
+        return np.array(
+            [
+                sum(
+                    w * scale_to(curves if each == "shared" else ends, self.params, p, each)[-1]
+                    for w, each in weighted
+                )
+                for p in params
+            ]
+        )
 
     def drift_half(self) -> float:
         """The 90% half-width, relative per e-fold of steps, of the drift (``drift_rel``)."""
