@@ -21,7 +21,7 @@ import numpy as np
 from runwatch.expect.binning import bin_arrays
 from runwatch.expect.lrlaw import fit_area_law, lr_areas
 from runwatch.expect.powerlaw import MIN_POINTS, TooLittleData
-from runwatch.expect.schedule_transfer import TransferCurve, transfer_curve
+from runwatch.expect.schedule_transfer import UNANNEALED, TransferCurve, transfer_curve
 from runwatch.expect.size_scaling import scale_to
 
 FIT_FROM = 0.1
@@ -39,6 +39,10 @@ TRANSFER_REL = 0.01
 """The relative error assumed for a schedule transfer when the family cannot measure its
 own (one run per size): about the schedule transfer's error on the real and CPU families'
 held-out schedules (``bench/README-forecast-family.md``)."""
+
+TRANSFER_REL_PER_EFOLD = 0.02
+"""The relative error per e-fold of forward area S1 beyond a size's base curve assumed when
+the family cannot measure its own (as ``SIZE_REL_PER_EFOLD`` for size)."""
 
 DRIFT_REL = 0.01
 """The relative drift per e-fold of steps assumed when the family cannot measure its own
@@ -142,6 +146,9 @@ class FamilyFit:
     size_law_weights: tuple[float, ...] = ()
     """The weights of ``size_laws`` in the expected curve, by the likelihood of their
     leave-one-out errors (empty: the chosen law alone)."""
+    transfer_rel_per_efold: float = TRANSFER_REL_PER_EFOLD
+    """Relative error of a schedule transfer per e-fold of S1 beyond the base curve's reach
+    (leave-one-schedule-out, RMS): a run longer than any unannealed stretch."""
 
     @property
     def size_laws(self) -> tuple[str, ...]:
@@ -215,6 +222,25 @@ class FamilyFit:
     def drift_half(self) -> float:
         """The 90% half-width, relative per e-fold of steps, of the drift (``drift_rel``)."""
         return _t90(self.measured.get("drift", 0) + PRIOR_WEIGHT) * self.drift_rel
+
+    def beyond_base(self, lr_steps: np.ndarray, lr_share: np.ndarray, final: int) -> float:
+        """E-folds of the plan's forward area beyond the base curve of the size that reaches
+        least far (0 where a run of the plan is followed, or inside every reach)."""
+        s1 = float(areas_at(lr_steps, lr_share, int(final))[0][-1])
+        beyond = [
+            math.log(max(s1, 1e-9) / s.transfer.base_reach)
+            for s in self.sizes
+            if s.transfer.base_reach > 0
+            and _same_schedule(s.runs, lr_steps, lr_share, int(final)) is None
+        ]
+        return max([0.0, *beyond])
+
+    def beyond_half(self, beyond: float) -> float:
+        """The 90% half-width, relative, of a schedule transfer ``beyond`` e-folds of S1 past
+        the base curve (``beyond_base``). A run's level does not tell it: the base is
+        extrapolated over the steps still to come."""
+        n = self.measured.get("transfer_beyond", 0)
+        return _t90(n + PRIOR_WEIGHT) * self.transfer_rel_per_efold * beyond
 
     def half_width(self, params: float) -> float:
         """The 90% band's half-width, relative, of a forecast made before the run starts:
@@ -307,14 +333,26 @@ def fit_family(members: list[Member]) -> FamilyFit:
         raise ValueError("a family needs at least one run")
     groups = _by_size(members)
     sizes = tuple(_size_law(g) for g in groups)
-    transfer = _transfer_errors(groups)
+    inside, beyond = _transfer_errors(groups)
     size_law, size_errs, alike, weights = _choose_size_law(groups, sizes)
     drift = _drift_errors(groups, sizes, size_law)
-    measured = {"transfer": len(transfer), "size": len(size_errs), "drift": len(drift)}
-    transfer_rel = _pooled(transfer, TRANSFER_REL)
-    size_rel = _pooled(size_errs, SIZE_REL_PER_EFOLD)
-    drift_rel = _pooled(drift, DRIFT_REL)
-    return FamilyFit(sizes, transfer_rel, size_rel, size_law, drift_rel, measured, alike, weights)
+    measured = {
+        "transfer": len(inside),
+        "transfer_beyond": len(beyond),
+        "size": len(size_errs),
+        "drift": len(drift),
+    }
+    return FamilyFit(
+        sizes,
+        _pooled(inside, TRANSFER_REL),
+        _pooled(size_errs, SIZE_REL_PER_EFOLD),
+        size_law,
+        _pooled(drift, DRIFT_REL),
+        measured,
+        alike,
+        weights,
+        _pooled(beyond, TRANSFER_REL_PER_EFOLD),
+    )
 
 
 def _pooled(errors: list[float], prior: float) -> float:
@@ -325,20 +363,37 @@ def _pooled(errors: list[float], prior: float) -> float:
     return math.sqrt(total / (n + PRIOR_WEIGHT))
 
 
-def _transfer_errors(groups: list[list[Member]]) -> list[float]:
-    """Each run of a size with several, predicted from the others of its size (relative)."""
-    errors = []
+def _transfer_errors(groups: list[list[Member]]) -> tuple[list[float], list[float]]:
+    """Each run of a size with several, predicted from the others of its size: relative
+    errors where its forward area stays inside their base curve's reach, and per e-fold
+    beyond it (at least half an e-fold); ``_same_size_cases`` says which runs are left out."""
+    inside, beyond = [], []
+    for size, held, far in _same_size_cases(groups):
+        err = _predict_final(FamilyFit((size,), 0.0, 0.0), held) / final_value(held) - 1.0
+        if far > 0:
+            beyond.append(err / max(far, 0.5))
+        else:
+            inside.append(err)
+    return inside, beyond
+
+
+def _same_size_cases(groups: list[list[Member]]) -> list[tuple[SizeLaw, Member, float]]:
+    """Each run of a size with several, held out: the others' size law, the run, and the
+    e-folds of its forward area beyond their base curve. A run that anneals, held out from
+    runs that never did, is left out: what annealing is worth is unknown there, and the
+    band's allowance for it (``TransferCurve.predict``) is what holds such a run."""
+    cases = []
     for group in groups:
-        if len(group) < 2:
-            continue
-        for i, held in enumerate(group):
-            rest = group[:i] + group[i + 1 :]
+        for i, held in enumerate(group if len(group) > 1 else []):
             try:
-                law = FamilyFit((_size_law(rest),), 0.0, 0.0)
+                size = _size_law(group[:i] + group[i + 1 :])
             except ValueError:
                 continue
-            errors.append(_predict_final(law, held) / final_value(held) - 1.0)
-    return errors
+            s1, s2 = areas_at(held.lr_steps, held.lr_share, held.last_step)
+            if size.transfer.anneal_reach <= 0 and s2[-1] >= UNANNEALED:
+                continue
+            cases.append((size, held, math.log(max(s1[-1], 1e-9) / size.transfer.base_reach)))
+    return cases
 
 
 def _drift_errors(
@@ -346,16 +401,16 @@ def _drift_errors(
 ) -> list[float]:
     """How far a run ends from the family's curve once its level at ``DRIFT_AT`` of its
     steps is measured, per e-fold of steps: each size from the second on, from the smaller
-    sizes; each run of a size with several, from the others of its size."""
+    sizes; each run of a size with several, from the others of its size, where its forward
+    area stays inside their base curve (beyond it, ``FamilyFit.beyond_half`` holds it)."""
     cases: list[tuple[FamilyFit, Member]] = []
     for k in range(1, len(groups)):
         cases += [(FamilyFit(sizes[:k], 0.0, 0.0, size_law), m) for m in groups[k]]
-    for group in groups:
-        for i, held in enumerate(group if len(group) > 1 else []):
-            try:
-                cases.append((FamilyFit((_size_law(group[:i] + group[i + 1 :]),), 0, 0), held))
-            except ValueError:
-                continue
+    cases += [
+        (FamilyFit((size,), 0.0, 0.0), held)
+        for size, held, far in _same_size_cases(groups)
+        if far <= 0
+    ]
     errors = []
     for fit, m in cases:
         prior = fit.expected(m.params, m.lr_steps, m.lr_share, m.last_step)

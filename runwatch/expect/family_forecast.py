@@ -48,8 +48,10 @@ def family_forecast(
         va = np.asarray(values, dtype=float)
         seen = int(np.nanmax(st) if upto is None else upto)
         shift, level_sd = level_offset(prior, st, va, seen, prior_sd)
-    # What the level seen so far cannot tell about the rest: the family's own drift.
+    # What the level seen so far cannot tell about the rest: the family's own drift, and
+    # the base curve carried past the runs that measured it.
     drift = fit.drift_half() if seen else 0.0
+    far = fit.beyond_half(fit.beyond_base(lr_steps, lr_share, final))
     start = max(seen, 1)
     # The lower end also reaches the law's credit for annealing no run has tested, and
     # both ends what the size laws the family cannot rule out expect; each curve is set to
@@ -67,7 +69,7 @@ def family_forecast(
         idx = np.clip(np.asarray(at, dtype=float).round().astype(int), 0, final)
         mean = prior[idx] * math.exp(shift)
         extrap = np.log(np.maximum(idx, start) / start)
-        half = np.sqrt((Z90 * level_sd) ** 2 + (drift * extrap) ** 2)
+        half = np.sqrt((Z90 * level_sd) ** 2 + (drift * extrap) ** 2 + far**2)
         return mean, mean * low[idx] * np.exp(-half), mean * high[idx] * np.exp(half)
 
     m, lo, hi = (float(a[0]) for a in curve(np.array([final])))

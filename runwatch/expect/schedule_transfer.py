@@ -36,6 +36,9 @@ class TransferCurve:
     law: AreaLaw
     base: tuple[np.ndarray, np.ndarray]
     anneal: tuple[np.ndarray, np.ndarray]
+    base_reach: float = 0.0
+    """The largest S1 the base is read off the runs at (without base points, the largest
+    the law was fitted at): beyond it the base is the law's extrapolation."""
 
     @property
     def anneal_reach(self) -> float:
@@ -84,10 +87,11 @@ def transfer_curve(
     flat = s2 < UNANNEALED
     bs, bv, _ = bin_arrays(s1[flat], y[flat])
     no_anneal = (np.array([0.0]), np.array([1.0]))
-    curve = TransferCurve(law, (np.log(bs), bv), no_anneal)
+    reach = float(bs.max()) if bs.size else float(s1.max(initial=0.0))
+    curve = TransferCurve(law, (np.log(bs), bv), no_anneal, reach)
     if flat.all():
         return curve
     below = curve._base(s1[~flat])
     ok = (below > 0) & (y[~flat] > 0)  # a ratio says nothing across zero
     rs, rv, _ = bin_arrays(s2[~flat][ok], y[~flat][ok] / below[ok])
-    return TransferCurve(law, curve.base, (np.r_[0.0, rs], np.r_[1.0, rv]))
+    return TransferCurve(law, curve.base, (np.r_[0.0, rs], np.r_[1.0, rv]), reach)

@@ -62,6 +62,27 @@ def test_schedule_transfer_predicts_another_schedule_and_length_before_it_starts
         assert f.lower <= want <= f.upper
 
 
+def test_a_transfer_inside_what_the_runs_measured_is_narrow_and_past_their_base_wider():
+    # Held out from the constant run alone, the cosine run's anneal is unknown: the family
+    # does not count that as its transfer error. The constant run held out from the cosine
+    # one reaches past that run's unannealed points: an error per e-fold of S1 beyond them.
+    family = [saturating_member("k4k", CONSTANT, 4000), saturating_member("c2k", COSINE, 2000, 1)]
+    fit = fit_family(family)
+    assert fit.measured["transfer"] == 0 and fit.measured["transfer_beyond"] == 1
+    assert fit.measured["drift"] == 0  # nor the drift after the level: neither case tells it
+    halves = {}
+    for schedule, total in ((WSD, 4000), (CONSTANT, 8000)):
+        steps, share = planned_lr(schedule, total)
+        f = family_forecast(fit, 1e6, steps, share, total)
+        want = float(np.median(saturating_member("t", schedule, total, 99).values[-5:]))
+        assert f.lower <= want <= f.upper
+        halves[total] = f.upper / f.predicted - 1
+        base_reach = fit.sizes[0].transfer.base_reach
+        far = max(0.0, float(np.log(lr_areas(steps, share, total)[0][-1] / base_reach)))
+        assert fit.beyond_base(steps, share, total) == pytest.approx(far)
+    assert halves[4000] < 0.04 < halves[8000]
+
+
 def test_a_family_that_never_annealed_leaves_room_below_for_a_run_that_does():
     # Constant-LR runs cannot say what a decay is worth: the mean expects nothing of it,
     # and the lower end reaches the single-run forecast's allowance for an unseen anneal.
@@ -191,7 +212,7 @@ def test_two_sizes_flatten_towards_a_floor_by_the_prior_exponent():
 
 def test_the_band_rests_on_the_familys_own_errors_pooled_with_the_assumed_ones():
     one = fit_family([member("c", 1e6, COSINE, 2000)])
-    assert one.measured == {"transfer": 0, "size": 0, "drift": 0}
+    assert one.measured == {"transfer": 0, "transfer_beyond": 0, "size": 0, "drift": 0}
     many = fit_family(
         [member(f"n{p:g}", p, COSINE, 2000, i) for i, p in enumerate((1e5, 3e5, 1e6))]
     )
