@@ -333,9 +333,10 @@ def fit_family(members: list[Member]) -> FamilyFit:
         raise ValueError("a family needs at least one run")
     groups = _by_size(members)
     sizes = tuple(_size_law(g) for g in groups)
-    inside, beyond = _transfer_errors(groups)
+    held_out = _same_size_cases(groups)
+    inside, beyond = _transfer_errors(held_out)
     size_law, size_errs, alike, weights = _choose_size_law(groups, sizes)
-    drift = _drift_errors(groups, sizes, size_law)
+    drift = _drift_errors(groups, sizes, size_law, held_out)
     measured = {
         "transfer": len(inside),
         "transfer_beyond": len(beyond),
@@ -363,15 +364,23 @@ def _pooled(errors: list[float], prior: float) -> float:
     return math.sqrt(total / (n + PRIOR_WEIGHT))
 
 
-def _transfer_errors(groups: list[list[Member]]) -> tuple[list[float], list[float]]:
-    """Each run of a size with several, predicted from the others of its size: relative
-    errors where its forward area stays inside their base curve's reach, and per e-fold
-    beyond it (at least half an e-fold); ``_same_size_cases`` says which runs are left out."""
+def _per_efold(err: float, efolds: float) -> float:
+    """A relative error per e-fold of extrapolation, counted as at least half an e-fold (a
+    short reach says little of the rate)."""
+    return err / max(efolds, 0.5)
+
+
+def _transfer_errors(
+    held_out: list[tuple[SizeLaw, Member, float]],
+) -> tuple[list[float], list[float]]:
+    """Each run of a size with several, predicted from the others of its size
+    (``_same_size_cases``): relative errors where its forward area stays inside their base
+    curve's reach, and per e-fold beyond it."""
     inside, beyond = [], []
-    for size, held, far in _same_size_cases(groups):
+    for size, held, far in held_out:
         err = _predict_final(FamilyFit((size,), 0.0, 0.0), held) / final_value(held) - 1.0
         if far > 0:
-            beyond.append(err / max(far, 0.5))
+            beyond.append(_per_efold(err, far))
         else:
             inside.append(err)
     return inside, beyond
@@ -397,7 +406,10 @@ def _same_size_cases(groups: list[list[Member]]) -> list[tuple[SizeLaw, Member, 
 
 
 def _drift_errors(
-    groups: list[list[Member]], sizes: tuple[SizeLaw, ...], size_law: str
+    groups: list[list[Member]],
+    sizes: tuple[SizeLaw, ...],
+    size_law: str,
+    held_out: list[tuple[SizeLaw, Member, float]],
 ) -> list[float]:
     """How far a run ends from the family's curve once its level at ``DRIFT_AT`` of its
     steps is measured, per e-fold of steps: each size from the second on, from the smaller
@@ -406,11 +418,7 @@ def _drift_errors(
     cases: list[tuple[FamilyFit, Member]] = []
     for k in range(1, len(groups)):
         cases += [(FamilyFit(sizes[:k], 0.0, 0.0, size_law), m) for m in groups[k]]
-    cases += [
-        (FamilyFit((size,), 0.0, 0.0), held)
-        for size, held, far in _same_size_cases(groups)
-        if far <= 0
-    ]
+    cases += [(FamilyFit((size,), 0.0, 0.0), held) for size, held, far in held_out if far <= 0]
     errors = []
     for fit, m in cases:
         prior = fit.expected(m.params, m.lr_steps, m.lr_share, m.last_step)
@@ -463,7 +471,7 @@ def _size_errors(
         dist = _efolds(sizes[k].params, np.log(smaller.params))
         for m in groups[k]:
             err = _predict_final(smaller, m) / final_value(m) - 1.0
-            errors.append(err / max(dist, 0.5))
+            errors.append(_per_efold(err, dist))
     return errors
 
 
