@@ -235,11 +235,12 @@ class FamilyFit:
         ]
         return max([0.0, *beyond])
 
-    def beyond_half(self, beyond: float) -> float:
-        """The 90% half-width, relative, of a schedule transfer ``beyond`` e-folds of S1 past
-        the base curve (``beyond_base``). A run's level does not tell it: the base is
+    def beyond_half(self, lr_steps: np.ndarray, lr_share: np.ndarray, final: int) -> float:
+        """The 90% half-width, relative, of a plan's schedule transfer for its S1 past the
+        base curve (``beyond_base``). A run's level does not tell it: the base is
         extrapolated over the steps still to come."""
         n = self.measured.get("transfer_beyond", 0)
+        beyond = self.beyond_base(lr_steps, lr_share, final)
         return _t90(n + PRIOR_WEIGHT) * self.transfer_rel_per_efold * beyond
 
     def half_width(self, params: float) -> float:

@@ -51,7 +51,7 @@ def family_forecast(
     # What the level seen so far cannot tell about the rest: the family's own drift, and
     # the base curve carried past the runs that measured it.
     drift = fit.drift_half() if seen else 0.0
-    far = fit.beyond_half(fit.beyond_base(lr_steps, lr_share, final))
+    far = fit.beyond_half(lr_steps, lr_share, final)
     start = max(seen, 1)
     # The lower end also reaches the law's credit for annealing no run has tested, and
     # both ends what the size laws the family cannot rule out expect; each curve is set to

@@ -329,7 +329,7 @@ def scaling_view(
     ]
     low, high = np.min(finals, axis=0), np.max(finals, axis=0)
     law = []
-    far = fit.beyond_half(fit.beyond_base(lr_steps, share, fin))
+    far = fit.beyond_half(lr_steps, share, fin)
     for p, mean, bottom, top in zip(grid, means, low, high, strict=True):
         half = math.hypot(fit.half_width(p), far)
         law.append((float(p), float(mean), bottom * math.exp(-half), top * math.exp(half)))
