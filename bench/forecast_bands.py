@@ -4,9 +4,13 @@
 
 On the real runs in ``shared/data/real_runs`` (the training loss, else the validation
 loss; as ``bench/detection.py`` picks) and the real CPU runs in ``bench/data/cpu_families``
-and ``bench/data/cpu_code_families`` (their held-out loss, with cosine, WSD and constant
-LRs), each forecast made as ``runwatch forecast --upto`` makes it: on the points up to
-that step, the LR logged up to it, to the run's last step. ``--before DIR`` also runs the
+and ``bench/data/cpu_code_families`` (schedule runs: held-out loss, with cosine, WSD and
+constant LRs; width runs: held-out and training loss), each forecast made as ``runwatch
+forecast --upto`` makes it: on the points up to that step, the LR logged up to it, to the
+run's last step. These set ``UNSEEN_FALL_PER_EFOLD``; "all" is them. The held-out check
+("example"): 16 runs of ``examples/train_tiny_lm.py`` (``bench/data/tiny_lm_forecast``,
+training loss, batch 8 to 64). The truth is the median of a run's last 2% of points (at
+least 5): a batch-8 loss point is 17% noise. ``--before DIR`` also runs the
 same code from a checkout of an earlier commit (a ``git worktree``, built in place) in a
 subprocess: the anchor.
 """
@@ -29,13 +33,14 @@ CPU_SETS = {  # set label: folder of real CPU runs (the run names start with the
     "cpu": HERE / "bench" / "data" / "cpu_families",
     "code": HERE / "bench" / "data" / "cpu_code_families",
 }
+EXAMPLE = HERE / "bench" / "data" / "tiny_lm_forecast"
 FRACTIONS = (0.10, 0.25, 0.50, 0.75)
 
 
 def load_runs() -> dict[str, tuple[pd.DataFrame, str, str]]:
-    """run: (its points, the metric forecast, its set). The CPU schedule runs are the
-    figure's set; the CPU width runs (cosine-2000), held-out and training loss, are a
-    held-out check of the band, reported apart ("<task> widths")."""
+    """run: (its points, the metric forecast, its set): the real runs, the CPU schedule
+    runs, the CPU width runs (cosine-2000; held-out loss "<task> widths", training loss
+    "<task> widths train") and the example's runs ("example", the held-out check)."""
     runs = {}
     for path in sorted(REAL.glob("*.csv")):
         if path.stem.startswith("incident_"):
@@ -55,6 +60,8 @@ def load_runs() -> dict[str, tuple[pd.DataFrame, str, str]]:
             elif "cosine_2000" in name:
                 runs[f"{name} val"] = (frame, "val_loss", f"{label} widths")
                 runs[f"{name} train"] = (frame, "loss", f"{label} widths train")
+    for path in sorted(EXAMPLE.glob("*.csv.gz")):
+        runs[path.name.removesuffix(".csv.gz")] = (pd.read_csv(path), "loss", "example")
     return runs
 
 
@@ -69,7 +76,7 @@ def measure(root: Path) -> list[dict]:
         s, v = g["step"].to_numpy(float), g["value"].to_numpy(float)
         if np.nanmin(v) <= 0:
             continue  # an RL loss around zero: no curve to forecast
-        final = float(np.median(v[-max(5, v.size // 100) :]))
+        final = float(np.median(v[-max(5, v.size // 50) :]))
         lr = frame[frame["metric"].isin(["lr", "learning_rate"])].sort_values("step")
         ls, lv = (None, None) if lr.empty else (lr["step"].to_numpy(), lr["value"].to_numpy())
         for frac in FRACTIONS:
@@ -94,7 +101,7 @@ def measure(root: Path) -> list[dict]:
 
 def table(rows: list[dict], label: str) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
-    frame = pd.concat([frame, frame[~frame["set"].str.contains("widths")].assign(set="all")])
+    frame = pd.concat([frame, frame[frame["set"] != "example"].assign(set="all")])
     out = []
     for (which, frac), g in frame.groupby(["set", "frac"]):
         out.append(
