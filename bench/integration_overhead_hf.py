@@ -10,7 +10,10 @@ callback events and its ``log()`` call as ``_maybe_log_save_evaluate`` makes it 
 
 Setups, each a fresh Trainer, measured interleaved step by step in a new random order each
 step, so that the machine's drift over a repeat, and what the setup before leaves behind
-(TensorBoard's writer thread, say), fall on all of them alike:
+(TensorBoard's writer thread, say), fall on all of them alike. Each setup runs its own copy
+of the timed code (``own_code``: ``Trainer.log`` and the handler's events), so that its
+bytecode specialises to its own objects, as in a process with one Trainer; before
+2026-11-29 all setups ran one copy (``--shared-code``). The setups:
 
 - ``hf alone``: the Trainer's default callbacks, ``report_to=[]`` (the baseline);
 - ``+ RunwatchCallback``: the same plus the callback with a real SQLite store and live
@@ -37,6 +40,7 @@ which does the work the training thread no longer does (it holds the GIL meanwhi
 Goal: RunwatchCallback <= 5 us median beyond HF's own logging.
 
     python bench/integration_overhead_hf.py [--steps 1500] [--repeats 3] [--work-ms 10]
+                                            [--shared-code]
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ import statistics
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +63,7 @@ import numpy as np
 import torch
 import transformers
 from hook_cadence import STALL_NS, schedstat  # bench/: a stall; a thread's scheduler statistics
+from transformers.trainer_callback import CallbackHandler
 
 import runwatch
 from runwatch.integrations.hf import RunwatchCallback
@@ -82,6 +88,40 @@ STALL_US = STALL_NS / 1000
 SETTLED_US = 3.0
 
 
+OWN_CODE = {  # what the timed part runs whose bytecode specialises to a setup's objects
+    transformers.Trainer: ("log",),
+    CallbackHandler: ("call_event", "on_step_begin", "on_step_end", "on_log"),
+}
+
+
+def own_code(fn: Any) -> Any:
+    """``fn`` with a code object of its own. CPython (3.11+) specialises each code object's
+    bytecode to the types it meets: one ``Trainer.log`` shared by every setup meets a plain
+    ``log_history`` and a marking one by turns, which a process with one Trainer never
+    does, and every setup pays the misses (README-integrations-hf.md)."""
+    copy = types.FunctionType(
+        fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+    )
+    copy.__kwdefaults__, copy.__qualname__ = fn.__kwdefaults__, fn.__qualname__
+    return copy
+
+
+def own_class(cls: type, tag: str) -> type:
+    """A subclass of ``cls`` whose methods in ``OWN_CODE`` have code of their own."""
+    return type(
+        f"{cls.__name__}_{tag}", (cls,), {n: own_code(getattr(cls, n)) for n in OWN_CODE[cls]}
+    )
+
+
+def timed_part(trainer: Any, handler: Any, args: Any, state: Any, logs: dict) -> None:
+    """What the Trainer does per step with ``logging_steps=1``: the step's callback events
+    and ``_maybe_log_save_evaluate``'s ``log()``."""
+    trainer.control = handler.on_step_begin(args, state, trainer.control)
+    state.global_step += 1
+    trainer.control = handler.on_step_end(args, state, trainer.control)
+    trainer.log(logs)
+
+
 class OwnEmptyOnLog(transformers.TrainerCallback):
     """A callback that logs nothing, with its own ``on_log`` (anchor)."""
 
@@ -90,7 +130,7 @@ class OwnEmptyOnLog(transformers.TrainerCallback):
 
 
 def make_trainer(
-    setup: str, tmp: Path, tag: str
+    setup: str, tmp: Path, tag: str, shared_code: bool = False
 ) -> tuple[transformers.Trainer, Any, RunwatchCallback | None]:
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=32)
@@ -111,9 +151,12 @@ def make_trainer(
         callbacks.append(transformers.TrainerCallback())
     elif setup == "+ a callback with its own empty on_log":
         callbacks.append(OwnEmptyOnLog())
-    trainer = transformers.Trainer(
+    trainer_class = transformers.Trainer if shared_code else own_class(transformers.Trainer, tag)
+    trainer = trainer_class(
         model=transformers.GPT2LMHeadModel(config), args=args, callbacks=callbacks
     )
+    if not shared_code:
+        trainer.callback_handler.__class__ = own_class(CallbackHandler, tag)
     state, control = trainer.state, trainer.control
     state.max_steps = args.max_steps
     # What train() does before its first step: every callback sees on_train_begin.
@@ -132,15 +175,17 @@ def busy(seconds: float) -> None:
 
 
 def measure_setups(
-    steps: int, work: float, tmp: Path, tag: str
+    steps: int, work: float, tmp: Path, tag: str, shared_code: bool = False
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Every setup's timed part, interleaved step by step (a fresh Trainer each, in a new
     random order each step), each step after its own ``work`` seconds of busy work: the
     machine's drift over a repeat, and what the setup before leaves behind, fall on all
     setups alike, and every call still runs on cold caches. Returned: the wall time of each
     (us), and the training thread's CPU time over it (us), which leaves out the machine's
-    stalls (time the CPU was taken from the thread; bench/README-hook-cadence.md)."""
-    trainers = {s: make_trainer(s, tmp, f"{tag}-{k}") for k, s in enumerate(SETUPS)}
+    stalls (time the CPU was taken from the thread; bench/README-hook-cadence.md). Each
+    setup runs code of its own (``own_code``) unless ``shared_code``."""
+    trainers = {s: make_trainer(s, tmp, f"{tag}-{k}", shared_code) for k, s in enumerate(SETUPS)}
+    parts = {s: timed_part if shared_code else own_code(timed_part) for s in SETUPS}
     rng = np.random.default_rng(0)
     loss = 4.0 + rng.normal(0, 0.05, steps)
     grad = np.exp(rng.normal(0, 0.2, steps))
@@ -160,10 +205,7 @@ def measure_setups(
                 with contextlib.redirect_stdout(sink):
                     c0 = cpu_clock()
                     t0 = clock()
-                    trainer.control = handler.on_step_begin(args, state, trainer.control)
-                    state.global_step += 1
-                    trainer.control = handler.on_step_end(args, state, trainer.control)
-                    trainer.log(logs)
+                    parts[setup](trainer, handler, args, state, logs)
                     out[setup][i] = clock() - t0
                     on_cpu[setup][i] = cpu_clock() - c0
     writer_cpu = schedstat(writer)[0] - writer_cpu
@@ -221,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--work-ms", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--shared-code",
+        action="store_true",
+        help="all setups run one copy of HF's code, as this bench did before 2026-11-29",
+    )
     opts = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     transformers.logging.set_verbosity_error()
@@ -232,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(opts.repeats):
-            timed, on_cpu = measure_setups(opts.steps, opts.work_ms / 1000, Path(tmp), str(r))
+            timed, on_cpu = measure_setups(
+                opts.steps, opts.work_ms / 1000, Path(tmp), str(r), opts.shared_code
+            )
             for setup, us in on_cpu.items():
                 cpu_rows[setup].append(float(np.median(us)))
                 stalled[setup].append(float(np.mean(timed[setup] - us > STALL_US)) * 100)
@@ -279,7 +328,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{opts.steps} logged steps x {opts.repeats} repeats per setup, {opts.work_ms:g} ms of "
         f"other work between steps; timed: on_step_begin + on_step_end + Trainer.log(). "
         f"transformers {transformers.__version__}, torch {torch.__version__}, Python "
-        f"{platform.python_version()}, {os.cpu_count()} CPUs; {elapsed:.0f} s."
+        f"{platform.python_version()}, {os.cpu_count()} CPUs; {elapsed:.0f} s. "
+        + (
+            "All setups ran one copy of HF's code (--shared-code)."
+            if opts.shared_code
+            else "Each setup ran its own copy of the timed code (Trainer.log, the handler's "
+            "events), as a process with one Trainer does."
+        )
     )
     raw = statistics.median(m for m, _ in rows[RAW[0]])
     summary = (
@@ -332,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         "# RunwatchCallback overhead per logged step (bench/integration_overhead_hf.py)\n\n"
         f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
         f"`python bench/integration_overhead_hf.py --steps {opts.steps} "
-        f"--repeats {opts.repeats} --work-ms {opts.work_ms:g}`\n\n{text}\n"
+        f"--repeats {opts.repeats} --work-ms {opts.work_ms:g}"
+        f"{' --shared-code' if opts.shared_code else ''}`\n\n{text}\n"
     )
     return 0
 
