@@ -12,7 +12,7 @@ import numpy as np
 
 from runwatch.expect.binning import bin_arrays
 from runwatch.expect.lrlaw import LRLaw, fit_lr_law
-from runwatch.expect.powerlaw import MIN_POINTS, TooLittleData, fit_power_law
+from runwatch.expect.powerlaw import MIN_POINTS, TooLittleData, fit_power_law, residual_sigma
 from runwatch.expect.reference import ReferenceCurve
 from runwatch.expect.schedule import project_lr
 
@@ -260,9 +260,10 @@ def _level_now(fs: np.ndarray, fv: np.ndarray, up: float) -> float | None:
     late = fv[fs >= 0.9 * up]
     if late.size == 0:
         return None
-    level = float(np.median(late))
-    spread = 1.4826 * float(np.median(np.abs(late - level)))  # a spike does not widen it
-    return level + Z90 * 1.2533 * spread / math.sqrt(late.size)
+    # A median's standard error is sqrt(pi/2) sigma/sqrt(n); a robust sigma, so a spike
+    # does not widen it.
+    error = math.sqrt(math.pi / 2) * residual_sigma(late) / math.sqrt(late.size)
+    return float(np.median(late)) + Z90 * error
 
 
 def _target_step(mean_fn, target: float, start: float, stop: float) -> int | None:
