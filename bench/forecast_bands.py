@@ -7,12 +7,13 @@ loss; as ``bench/detection.py`` picks) and the real CPU runs in ``bench/data/cpu
 and ``bench/data/cpu_code_families`` (schedule runs: held-out loss, with cosine, WSD and
 constant LRs; width runs: held-out and training loss), each forecast made as ``runwatch
 forecast --upto`` makes it: on the points up to that step, the LR logged up to it, to the
-run's last step. These set ``UNSEEN_FALL_PER_EFOLD``; "all" is them. The held-out check
-("example"): 16 runs of ``examples/train_tiny_lm.py`` (``bench/data/tiny_lm_forecast``,
-training loss, batch 8 to 64). The truth is the median of a run's last 2% of points (at
-least 5): a batch-8 loss point is 17% noise. ``--before DIR`` also runs the
-same code from a checkout of an earlier commit (a ``git worktree``, built in place) in a
-subprocess: the anchor.
+run's last step. These set ``UNSEEN_FALL_PER_EFOLD``; "all" is them. The held-out checks
+(``HELD_OUT``): 16 runs of ``examples/train_tiny_lm.py`` ("example",
+``bench/data/tiny_lm_forecast``, training loss, batch 8 to 64), and the manual-page family
+("man", ``bench/data/cpu_man_families``, made after the value was set). The truth is the
+median of a run's last 2% of points (at least 5): a batch-8 loss point is 17% noise.
+``--before DIR`` also runs the same code from a checkout of an earlier commit (a ``git
+worktree``, built in place) in a subprocess: the anchor.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ REAL = HERE.parent / "shared" / "data" / "real_runs"
 CPU_SETS = {  # set label: folder of real CPU runs (the run names start with the label)
     "cpu": HERE / "bench" / "data" / "cpu_families",
     "code": HERE / "bench" / "data" / "cpu_code_families",
+    "man": HERE / "bench" / "data" / "cpu_man_families",
 }
+HELD_OUT = ("example", "man")
+"""The sets that set nothing (their label's first word): the check, left out of "all"."""
 EXAMPLE = HERE / "bench" / "data" / "tiny_lm_forecast"
 FRACTIONS = (0.10, 0.25, 0.50, 0.75)
 
@@ -101,7 +105,8 @@ def measure(root: Path) -> list[dict]:
 
 def table(rows: list[dict], label: str) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
-    frame = pd.concat([frame, frame[frame["set"] != "example"].assign(set="all")])
+    held_out = frame["set"].str.split().str[0].isin(HELD_OUT)
+    frame = pd.concat([frame, frame[~held_out].assign(set="all")])
     out = []
     for (which, frac), g in frame.groupby(["set", "frac"]):
         out.append(

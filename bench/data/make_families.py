@@ -1,19 +1,22 @@
-"""Real CPU training families for the forecast benchmarks: tiny Transformers, two tasks.
+"""Real CPU training families for the forecast benchmarks: tiny Transformers, three tasks.
 
 A width family (same data, same cosine schedule, widths spanning ~30k to ~1M parameters) and,
 at one mid width, the same model under other schedules (constant, a longer cosine, WSD).
-Two tasks, each in its own folder:
+Three tasks, each in its own folder:
 
 - ``markov`` (``cpu_families/``): a seeded mixture of sparse order-1, order-2 and order-3
   Markov chains over 64 tokens, capacity-limited on purpose (the larger tables need more
   parameters to hold);
 - ``code`` (``cpu_code_families/``): the bytes of the Python standard library's own source
-  files on this machine, real text with no designed structure.
+  files on this machine, real text with no designed structure;
+- ``man`` (``cpu_man_families/``): the bytes of this machine's English manual pages of
+  sections 5, 7 and 8 (roff source: prose with markup), made after the forecast was built,
+  as a family nothing in it was set on.
 
 Each run is written as a gzipped long-format CSV (run, step, metric, value) and its config
 goes to ``runs.json``, as runwatch reads configs.
 
-    python bench/data/make_families.py [--task code]      # everything, into the task's folder
+    python bench/data/make_families.py [--task code|man]  # everything, into the task's folder
     python bench/data/make_families.py --probe 600        # smallest vs largest width, briefly
 
 How the data were made and how long it took: each folder's SOURCES.md.
@@ -47,6 +50,8 @@ PEAK_LR, WARMUP, FINAL_FRACTION = 2e-3, 100, 0.1
 VAL_EVERY = 50
 OUT = Path(__file__).resolve().parent / "cpu_families"
 CODE_OUT = Path(__file__).resolve().parent / "cpu_code_families"
+MAN_OUT = Path(__file__).resolve().parent / "cpu_man_families"
+MAN_SECTIONS = ("man5", "man7", "man8")  # file formats, overviews, administration: prose
 CODE_VOCAB, CODE_CONTEXT, CODE_BATCH = 128, 32, 32  # bytes; non-ASCII bytes share token 127
 CODE_ROW = 4096  # the byte stream is cut into rows of this length, as the Markov chains are
 CODE_HELDOUT_EVERY = 16  # every 16th file (sorted by path) is held out
@@ -282,23 +287,38 @@ def stdlib_sources(root: Path | None = None) -> list[Path]:
     return sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts[:-1]))
 
 
-def code_rows(files: list[Path], row: int = CODE_ROW) -> np.ndarray:
-    """The files' bytes, one NUL between files, as tokens in rows of ``row`` (the tail that
+def text_rows(blobs: list[bytes], row: int = CODE_ROW) -> np.ndarray:
+    """The texts' bytes, one NUL between texts, as tokens in rows of ``row`` (the tail that
     does not fill a row is dropped). Bytes above 126 become token 127."""
-    stream = np.frombuffer(b"\0".join(p.read_bytes() for p in files), dtype=np.uint8)
+    stream = np.frombuffer(b"\0".join(blobs), dtype=np.uint8)
     tokens = np.minimum(stream, CODE_VOCAB - 1).astype(np.int64)
     n = tokens.size // row
     return tokens[: n * row].reshape(n, row)
 
 
+def text_task(name: str, blobs: list[bytes], out: Path) -> Task:
+    """Byte-level language modelling of ``blobs``, every ``CODE_HELDOUT_EVERY``-th held out."""
+    train = text_rows([b for i, b in enumerate(blobs) if i % CODE_HELDOUT_EVERY])
+    heldout = text_rows(blobs[::CODE_HELDOUT_EVERY])
+    log.info("%d texts: %d training bytes, %d held out", len(blobs), train.size, heldout.size)
+    val = heldout_batches(heldout, CODE_CONTEXT)
+    return Task(name, name, CODE_VOCAB, CODE_CONTEXT, CODE_BATCH, train, val, out)
+
+
 def code_task(root: Path | None = None) -> Task:
     """Byte-level language modelling of the standard library's source on this machine."""
-    files = stdlib_sources(root)
-    train = code_rows([p for i, p in enumerate(files) if i % CODE_HELDOUT_EVERY])
-    heldout = code_rows(files[::CODE_HELDOUT_EVERY])
-    log.info("%d files: %d training bytes, %d held out", len(files), train.size, heldout.size)
-    val = heldout_batches(heldout, CODE_CONTEXT)
-    return Task("code", "code", CODE_VOCAB, CODE_CONTEXT, CODE_BATCH, train, val, CODE_OUT)
+    return text_task("code", [p.read_bytes() for p in stdlib_sources(root)], CODE_OUT)
+
+
+def man_pages(root: Path = Path("/usr/share/man")) -> list[Path]:
+    """The gzipped English manual pages of ``MAN_SECTIONS``, sorted by path."""
+    return sorted(p for s in MAN_SECTIONS for p in (root / s).glob("*.gz"))
+
+
+def man_task(root: Path = Path("/usr/share/man")) -> Task:
+    """Byte-level language modelling of this machine's manual pages (their roff source)."""
+    blobs = [gzip.decompress(p.read_bytes()) for p in man_pages(root)]
+    return text_task("man", blobs, MAN_OUT)
 
 
 def plan(seeds2: bool) -> list[tuple[int, dict, int, int]]:
@@ -312,7 +332,7 @@ def plan(seeds2: bool) -> list[tuple[int, dict, int, int]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", choices=("markov", "code"), default="markov")
+    parser.add_argument("--task", choices=tuple(TASKS), default="markov")
     parser.add_argument("--out", type=Path, help="default: the task's folder")
     parser.add_argument("--probe", type=int, help="only train the smallest and largest width")
     parser.add_argument("--second-seed", action="store_true", help="also seed 1 of the 2 widest")
@@ -324,7 +344,7 @@ def main() -> None:
 
     torch.set_num_threads(1)  # one core: the machine's other core stays free
     began = time.perf_counter()
-    task = code_task() if args.task == "code" else markov_task()
+    task = TASKS[args.task]()
     log.info("%s corpus ready in %.1f s", task.name, time.perf_counter() - began)
 
     if args.probe:
@@ -364,6 +384,9 @@ def main() -> None:
             time.perf_counter() - t0,
         )
     log.info("all done in %.0f s", time.perf_counter() - began)
+
+
+TASKS = {"markov": markov_task, "code": code_task, "man": man_task}
 
 
 if __name__ == "__main__":

@@ -69,21 +69,23 @@ def test_code_corpus_is_the_files_bytes_in_rows_with_one_nul_between(tmp_path):
     (tmp_path / "test" / "c.py").write_bytes(b"left out\n")
     files = mf.stdlib_sources(tmp_path)
     assert [p.name for p in files] == ["a.py", "b.py"]
-    stream = b"\0".join(p.read_bytes() for p in files)
-    assert mf.code_rows(files).shape == (0, mf.CODE_ROW)  # shorter than a row: none
-    flat = mf.code_rows(files, row=4).ravel()
+    blobs = [p.read_bytes() for p in files]
+    stream = b"\0".join(blobs)
+    assert mf.text_rows(blobs).shape == (0, mf.CODE_ROW)  # shorter than a row: none
+    flat = mf.text_rows(blobs, row=4).ravel()
     assert flat.size == len(stream) // 4 * 4
     assert flat.max() == mf.CODE_VOCAB - 1  # the two bytes of "é" share the top token
     assert bytes(flat[:5].astype("uint8")) == b"x = '"
 
 
-def test_committed_code_family_has_a_config_and_a_csv_per_run():
-    index_path = mf.CODE_OUT / "runs.json"
+@pytest.mark.parametrize("out, prefix", [(mf.CODE_OUT, "code_"), (mf.MAN_OUT, "man_")])
+def test_committed_text_family_has_a_config_and_a_csv_per_run(out, prefix):
+    index_path = out / "runs.json"
     if not index_path.exists():
-        pytest.skip("bench/data/cpu_code_families not generated")
+        pytest.skip(f"{out} not generated")
     index = json.loads(index_path.read_text())
     assert len({c["params"] for n, c in index.items() if n.endswith("cosine_2000")}) >= 5
     for name, config in index.items():
-        assert name.startswith("code_") and (mf.CODE_OUT / f"{name}.csv.gz").exists(), name
+        assert name.startswith(prefix) and (out / f"{name}.csv.gz").exists(), name
         check_schedule(config["schedule"], config["total_steps"])
         assert config["tokens_per_step"] == mf.CODE_BATCH * mf.CODE_CONTEXT
