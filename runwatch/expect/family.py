@@ -7,9 +7,10 @@ is worth, and another schedule or length of the same model is predicted from its
 of the target's own schedule and length is followed as it went. Across sizes, the loss at
 every step of the target's schedule is carried to its size by a law per step
 (``runwatch.expect.size_scaling``), the one the family's own leave-one-out errors favour,
-or the mean of the laws those errors cannot tell apart, weighted by their likelihood. The
-band comes from those errors: each schedule predicted from the others of its size, each
-size from the smaller ones."""
+or the mean of the laws those errors cannot tell apart, weighted by their likelihood;
+beyond the largest size, the laws are fitted on the sizes where their shape holds
+(``law_regime``). The band comes from those errors: each schedule predicted from the
+others of its size, each size from the smaller ones."""
 
 from __future__ import annotations
 
@@ -185,7 +186,14 @@ class FamilyFit:
         """The sizes' ``curves`` carried to ``params`` by ``law``, or, by default, by each
         size law the family cannot rule out, averaged with their weights."""
         weighted = self._weighted_laws(law)
-        return sum(w * scale_to(curves, self.params, params, each) for w, each in weighted)
+        fitted, sizes = self._regime(curves, params)
+        return sum(w * scale_to(fitted, sizes, params, each) for w, each in weighted)
+
+    def _regime(self, curves: np.ndarray, params: float) -> tuple[np.ndarray, np.ndarray]:
+        """The sizes' curves and parameter counts the laws carry to ``params``: beyond the
+        largest size, those of the laws' regime (``law_regime``); else every size."""
+        start = law_regime(curves[:, -1], self.params) if params >= self.params[-1] else 0
+        return curves[start:], self.params[start:]
 
     def _weighted_laws(self, law: str | None) -> list[tuple[float, str]]:
         """(weight, size law) pairs: ``law`` alone, else the chosen law or the laws the
@@ -207,21 +215,22 @@ class FamilyFit:
         computed once. A per-step law needs their last step only; the shared law, their
         later steps."""
         curves = np.array([s.curve(lr_steps, lr_share, int(final)) for s in self.sizes])
-        ends = curves[:, -1:]
         weighted = self._weighted_laws(law)
-        return np.array(
-            [
+        finals = []
+        for p in params:
+            fitted, sizes = self._regime(curves, p)
+            ends = fitted[:, -1:]
+            finals.append(
                 sum(
-                    w * scale_to(curves if each == "shared" else ends, self.params, p, each)[-1]
+                    w * scale_to(fitted if each == "shared" else ends, sizes, p, each)[-1]
                     for w, each in weighted
                 )
-                for p in params
-            ]
-        )
+            )
+        return np.array(finals)
 
     def drift_half(self) -> float:
         """The 90% half-width, relative per e-fold of steps, of the drift (``drift_rel``)."""
-        return _t90(self.measured.get("drift", 0) + PRIOR_WEIGHT) * self.drift_rel
+        return t90(self.measured.get("drift", 0) + PRIOR_WEIGHT) * self.drift_rel
 
     def beyond_base(self, lr_steps: np.ndarray, lr_share: np.ndarray, final: int) -> float:
         """E-folds of the plan's forward area beyond the base curve of the size that reaches
@@ -241,19 +250,32 @@ class FamilyFit:
         extrapolated over the steps still to come."""
         n = self.measured.get("transfer_beyond", 0)
         beyond = self.beyond_base(lr_steps, lr_share, final)
-        return _t90(n + PRIOR_WEIGHT) * self.transfer_rel_per_efold * beyond
+        return t90(n + PRIOR_WEIGHT) * self.transfer_rel_per_efold * beyond
 
     def half_width(self, params: float) -> float:
         """The 90% band's half-width, relative, of a forecast made before the run starts:
         each error measured by the family is taken at a Student-t quantile for the few
         errors it rests on."""
+        dist = self._size_efolds(params)
+        transfer = t90(self.measured.get("transfer", 0) + PRIOR_WEIGHT) * self.transfer_rel
+        size = t90(self.measured.get("size", 0) + PRIOR_WEIGHT) * self.size_rel_per_efold * dist
+        return math.hypot(transfer, size)
+
+    def prior_dof(self, params: float) -> int:
+        """The degrees of freedom of ``half_width``'s error: the fewest errors one of its
+        terms rests on (the assumed ones counted as ``PRIOR_WEIGHT``)."""
+        n = self.measured.get("transfer", 0)
+        if self._size_efolds(params) > 0:
+            n = min(n, self.measured.get("size", 0))
+        return n + PRIOR_WEIGHT
+
+    def _size_efolds(self, params: float) -> float:
+        """E-folds of size extrapolation to ``params`` (a one-size family: its distance)."""
         x = np.log(self.params)
         dist = 0.0 if x.min() <= math.log(params) <= x.max() else _efolds(params, x)
         if len(self.sizes) == 1 and abs(math.log(params) - x[0]) > SAME_SIZE:
             dist = max(dist, abs(math.log(params) - x[0]))
-        transfer = _t90(self.measured.get("transfer", 0) + PRIOR_WEIGHT) * self.transfer_rel
-        size = _t90(self.measured.get("size", 0) + PRIOR_WEIGHT) * self.size_rel_per_efold * dist
-        return math.hypot(transfer, size)
+        return dist
 
 
 T90 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812)
@@ -264,7 +286,21 @@ F90 = (39.86, 9.0, 5.391, 4.107, 3.453, 3.055, 2.785, 2.589, 2.44, 2.323)
 the last is used: a laxer test than it should be, so more laws alike and wider bands)."""
 
 
-def _t90(n: int) -> float:
+def law_regime(finals: np.ndarray, params: np.ndarray) -> int:
+    """The index of the first size of the laws' regime: the largest sizes, three or more,
+    over which the final loss's fall per e-fold of size does not steepen with size, as no
+    size law's does. Below it, smaller models fall more slowly with size than the
+    next ones, as they are just starting to hold what larger ones learn; a law fitted
+    across that bend expects the fall to go on steepening. 0 when the regime would have
+    fewer than three sizes: a law's shape cannot be seen in two."""
+    slopes = -np.diff(np.log(np.maximum(finals, 1e-12))) / np.diff(np.log(params))
+    start = len(slopes) - 1
+    while start > 0 and slopes[start - 1] >= slopes[start]:
+        start -= 1
+    return start if len(params) - start >= 3 else 0
+
+
+def t90(n: int) -> float:
     """The band's multiplier for an RMS error that rests on ``n`` errors."""
     if n <= 0:
         return Z90
@@ -423,7 +459,8 @@ def _drift_errors(
     errors = []
     for fit, m in cases:
         prior = fit.expected(m.params, m.lr_steps, m.lr_share, m.last_step)
-        offset, _ = level_offset(prior, m.steps, m.values, int(DRIFT_AT * m.last_step), 0.0)
+        level = level_offset(prior, m.steps, m.values, int(DRIFT_AT * m.last_step), 0.0)
+        offset = 0.0 if level is None else level[0]
         errors.append((prior[-1] * math.exp(offset) / final_value(m) - 1.0) / -math.log(DRIFT_AT))
     return errors
 
@@ -437,7 +474,11 @@ def _choose_size_law(
     likelihood of their errors, MSE^(-n/2) for n errors, normalized. Two sizes cannot tell
     laws apart: the floor law with the prior exponent, as the loss of a larger model
     flattens. The fitted floor and the shared law need four (their first test, three
-    smaller sizes)."""
+    smaller sizes). Where the laws' regime (``law_regime``) has four sizes or more, the
+    laws are judged on it alone, as they are fitted on it beyond the largest size."""
+    start = _family_regime(groups, sizes)
+    if len(groups) - start >= 4:
+        groups, sizes = groups[start:], sizes[start:]
     prior = _size_errors(groups, sizes, "prior", first=2)
     if len(groups) < 3:
         return "prior", prior, (), ()
@@ -461,6 +502,14 @@ def _choose_size_law(
     return best, errors[best], alike, tuple(w / total for w in (1.0, *likelihood))
 
 
+def _family_regime(groups: list[list[Member]], sizes: tuple[SizeLaw, ...]) -> int:
+    """``law_regime`` of the family's sizes, on their final losses under the plan of the
+    largest size's first run."""
+    ref = groups[-1][0]
+    finals = np.array([s.curve(ref.lr_steps, ref.lr_share, ref.last_step)[-1] for s in sizes])
+    return law_regime(finals, np.array([s.params for s in sizes]))
+
+
 def _size_errors(
     groups: list[list[Member]], sizes: tuple[SizeLaw, ...], law: str, first: int
 ) -> list[float]:
@@ -478,19 +527,17 @@ def _size_errors(
 
 def level_offset(
     prior: np.ndarray, steps: np.ndarray, values: np.ndarray, seen: int, prior_sd: float
-) -> tuple[float, float]:
-    """The run's log offset from the prior curve, and its sd, from its points up to
-    ``seen``, combined with the prior (offset 0, sd ``prior_sd``) by precision."""
+) -> tuple[float, float] | None:
+    """The run's log offset from the prior curve over its points up to ``seen`` (from
+    ``UPDATE_FROM`` of them on), and that offset's sd (from ``prior_sd`` with fewer than
+    three bins); None with fewer than three points."""
     ok = np.isfinite(steps) & np.isfinite(values) & (values > 0)
     ok &= (steps <= seen) & (steps >= UPDATE_FROM * seen)
     if ok.sum() < 3:
-        return 0.0, prior_sd
+        return None
     bs, bv, _ = bin_arrays(steps[ok], values[ok])
     idx = np.clip(bs.round().astype(int), 0, prior.size - 1)
     logs = np.log(bv) - np.log(np.maximum(prior[idx], 1e-12))
     offset = float(np.median(logs))
     spread = float(1.4826 * np.median(np.abs(logs - offset))) if logs.size > 2 else prior_sd
-    obs_sd = max(spread / math.sqrt(logs.size), 1e-4)
-    w_obs, w_prior = obs_sd**-2, prior_sd**-2 if prior_sd > 0 else 0.0
-    combined = offset * w_obs / (w_obs + w_prior)
-    return combined, (w_obs + w_prior) ** -0.5
+    return offset, max(spread / math.sqrt(logs.size), 1e-4)

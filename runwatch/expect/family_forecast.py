@@ -3,13 +3,16 @@ points with the family as the prior.
 
 Before the run logs a point, the expected curve is the family's law at the run's size and
 planned LR (``runwatch.expect.family``). As points arrive, the run's level against that
-curve (the median log ratio over its latest points) is measured and combined with the
-prior (no offset, the family's own error) by precision, so a few noisy points move it
-little and many move it to the run's own level. What the ratio cannot know, that the run's
-shape drifts from the family's later on, widens the band with the steps still to come; the
-law's credit for annealing beyond any run's (a longer cosine) lowers its lower end, and the
-size laws the family cannot rule out (``FamilyFit.mixed_laws``, whose weighted mean the
-curve is) move both ends.
+curve (the median log ratio over its latest points) is measured and, at each step ahead,
+combined with the prior (no offset, the family's own size and transfer error) by
+precision. The level's variance there is its noise plus how far a run's level drifts from
+the family's curve over that many e-folds of steps (the family's own drift): near the
+points seen the run's level rules, and towards the end the family's expectation weighs in
+by how well each has foretold ends on the family's own runs. The band is that combination's
+sd, widened for a base curve carried past the runs that measured it; the law's credit for
+annealing beyond any run's (a longer cosine) lowers its lower end, and the size laws the
+family cannot rule out (``FamilyFit.mixed_laws``, whose weighted mean the curve is) move
+both ends.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import math
 
 import numpy as np
 
-from runwatch.expect.family import Z90, FamilyFit, level_offset
+from runwatch.expect.family import Z90, FamilyFit, level_offset, t90
 from runwatch.expect.forecast import Forecast
 
 
@@ -41,18 +44,18 @@ def family_forecast(
     final = int(final_step)
     prior = fit.expected(params, lr_steps, lr_share, final)
     prior_sd = fit.half_width(params) / Z90
+    dof = fit.prior_dof(params)
     seen = 0
-    shift, level_sd = 0.0, prior_sd
+    level = None
     if steps is not None and values is not None and len(steps):
         st = np.asarray(steps, dtype=float)
         va = np.asarray(values, dtype=float)
         seen = int(np.nanmax(st) if upto is None else upto)
-        shift, level_sd = level_offset(prior, st, va, seen, prior_sd)
-    # What the level seen so far cannot tell about the rest: the family's own drift, and
-    # the base curve carried past the runs that measured it.
-    drift = fit.drift_half() if seen else 0.0
+        level = level_offset(prior, st, va, seen, prior_sd)
+    # The base curve carried past the runs that measured it: the level cannot tell it.
     far = fit.beyond_half(lr_steps, lr_share, final)
     start = max(seen, 1)
+    carry_sd = fit.drift_half() / Z90  # per e-fold of steps past the level
     # The lower end also reaches the law's credit for annealing no run has tested, and
     # both ends what the size laws the family cannot rule out expect; each curve is set to
     # the run's level where it has been seen.
@@ -65,17 +68,26 @@ def family_forecast(
         ratio /= ratio[min(seen, final)] if seen else 1.0
         high, low = np.fmax(high, ratio), np.fmin(low, ratio)
 
+    def shifted(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The log shift from the prior at steps ``idx``, and its sd."""
+        if level is None:
+            return np.zeros(idx.shape), np.full(idx.shape, prior_sd)
+        offset, obs_sd = level
+        carry = carry_sd * np.log(np.maximum(idx, start) / start)
+        return _combine(offset, np.sqrt(obs_sd**2 + carry**2), Z90 * prior_sd / t90(dof), dof)
+
     def curve(at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         idx = np.clip(np.asarray(at, dtype=float).round().astype(int), 0, final)
-        mean = prior[idx] * math.exp(shift)
-        extrap = np.log(np.maximum(idx, start) / start)
-        half = np.sqrt((Z90 * level_sd) ** 2 + (drift * extrap) ** 2 + far**2)
+        shift, sd = shifted(idx)
+        mean = prior[idx] * np.exp(shift)
+        half = np.sqrt((Z90 * sd) ** 2 + far**2)
         return mean, mean * low[idx] * np.exp(-half), mean * high[idx] * np.exp(half)
 
     m, lo, hi = (float(a[0]) for a in curve(np.array([final])))
     target_step = None
     if target is not None and math.isfinite(target):
-        below = np.flatnonzero(prior * math.exp(shift) <= target)
+        every = np.arange(final + 1)
+        below = np.flatnonzero(prior * np.exp(shifted(every)[0]) <= target)
         target_step = int(below[below >= seen][0]) if (below >= seen).any() else None
     laws = fit.size_laws if len(fit.sizes) > 1 else ()
     return Forecast(
@@ -91,3 +103,28 @@ def family_forecast(
         size_laws=laws,
         size_law_weights=fit.size_law_weights,
     )
+
+
+def _combine(
+    offset: float, level_sd: np.ndarray, scale: float, dof: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The log shift from the prior at each step, and its sd: the posterior of the run's
+    offset there, from the offset measured (normal, sd ``level_sd``: its noise and how far
+    a level drifts by then) and the family's prior (a Student-t at 0 with ``scale`` and
+    ``dof``, as its band is). A gap the family's own errors explain is shrunk towards it;
+    one far beyond them (a run that is not what its family predicts) is kept."""
+    if scale <= 0:
+        return np.full(level_sd.shape, offset), level_sd
+    knots = np.unique(np.geomspace(1e-4, 1.0, 48) * max(float(level_sd.max()), 1e-4))
+    z = np.linspace(-8.0, 8.0, 321)
+    mean, sd = np.empty(knots.size), np.empty(knots.size)
+    for k, lsd in enumerate(knots):
+        theta = np.unique(np.r_[offset + lsd * z, scale * z])
+        log_w = -0.5 * ((theta - offset) / lsd) ** 2
+        log_w -= 0.5 * (dof + 1) * np.log1p((theta / scale) ** 2 / dof)
+        w = np.exp(log_w - log_w.max())
+        w = (w[1:] + w[:-1]) * np.diff(theta) / 2  # the mass of each interval
+        mid = (theta[1:] + theta[:-1]) / 2
+        mean[k] = float(np.sum(w * mid) / np.sum(w))
+        sd[k] = math.sqrt(float(np.sum(w * (mid - mean[k]) ** 2) / np.sum(w)))
+    return np.interp(level_sd, knots, mean), np.interp(level_sd, knots, sd)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runwatch.expect.family import FamilyFit, Member, fit_family
+from runwatch.expect.family import FamilyFit, Member, fit_family, law_regime
 from runwatch.expect.family_forecast import family_forecast
 from runwatch.expect.lrlaw import lr_areas
 from runwatch.expect.planned import planned_lr
+from runwatch.expect.size_scaling import scale_to
 
 COSINE = {"name": "cosine", "warmup": 50, "final_lr_fraction": 0.1}
 CONSTANT = {"name": "constant", "warmup": 50}
@@ -262,3 +263,70 @@ def test_a_family_whose_gap_between_sizes_holds_over_the_steps_may_share_it():
     assert f.lower <= want <= f.upper
     ends = fit.final_by_size(np.array([6.4e6]), steps, share, 2000, law="shared")
     assert ends[0] == pytest.approx(shared)  # the scaling view's line is the forecast's
+
+
+def test_the_laws_regime_is_the_largest_sizes_whose_fall_does_not_steepen():
+    params = np.array([1e5, 2e5, 4e5, 8e5, 1.6e6])
+    floor = 1.5 + 2.0 * (params / 1e5) ** -0.5  # a floor law: the fall slows at every size
+    assert law_regime(floor, params) == 0
+    # The two smallest fall slowly, then faster (a bend below), then slower again.
+    bent = np.array([3.0, 2.95, 2.6, 2.45, 2.38])
+    assert law_regime(bent, params) == 1
+    # Steepening all the way: no three sizes show a law's shape, so every size is kept.
+    assert law_regime(np.array([3.0, 2.98, 2.9, 2.7, 2.2]), params) == 0
+    assert law_regime(bent[:2], params[:2]) == 0
+
+
+def test_beyond_a_bend_the_size_law_is_fitted_on_the_sizes_past_it():
+    # Final losses on a floor law from 4e5 on; the two smallest sizes sit on a plateau
+    # below it (they cannot yet hold what the larger ones learn). Laws fitted over every
+    # size read the bend as a fall that keeps steepening.
+    def size_term(params):
+        law = 1.5 + 2.0 * (params / 1e5) ** -0.5
+        return np.where(params < 4e5, 1.5 + 2.0 * 0.5 + 0.08 * (4e5 / params) ** 0.2, law)
+
+    def run(name, params, seed):
+        steps, loss, share = law_curve(1e6, COSINE, 2000, seed)
+        scale = float(size_term(np.array(params))) / 2.0
+        return Member(name, params, steps[1:], (loss * scale)[1:], steps, share)
+
+    sizes = (1e5, 2e5, 4e5, 8e5, 1.6e6, 3.2e6)
+    members = [run(f"n{i}", p, i) for i, p in enumerate(sizes)]
+    fit = fit_family(members)
+    steps, share = planned_lr(COSINE, 2000)
+    finals = np.array([s.curve(steps, share, 2000)[-1] for s in fit.sizes])
+    assert law_regime(finals, fit.params) == 2
+    f = family_forecast(fit, 1.28e7, steps, share, 2000)
+    want = float(np.median(run("t", 1.28e7, 99).values[-5:]))
+    curves = np.array([s.curve(steps, share, 2000) for s in fit.sizes])
+    laws = zip(fit.size_law_weights, fit.size_laws, strict=True)
+    over_all = sum(w * scale_to(curves, fit.params, 1.28e7, law)[-1] for w, law in laws)
+    assert abs(f.predicted / want - 1) < 0.5 * abs(over_all / want - 1)
+    assert f.lower <= want <= f.upper
+    # The scaling view's line agrees with the forecast at the target's size.
+    line = fit.final_by_size(np.array([1.28e7]), steps, share, 2000)
+    assert line[0] == pytest.approx(f.predicted, rel=1e-9)
+
+
+def test_a_level_the_familys_error_explains_is_weighed_and_one_far_beyond_is_kept():
+    fit = fit_family([member(f"n{p:g}", p, COSINE, 2000, i) for i, p in enumerate((1e5, 3e5, 1e6))])
+    steps, share = planned_lr(COSINE, 2000)
+    prior = family_forecast(fit, 3e6, steps, share, 2000)
+    at = np.array([500.0, 2000.0])
+    p_seen, p_end = prior.curve(at)[0]
+    s, loss, _ = law_curve(3e6, COSINE, 2000, seed=5)
+    for worse in (1.01, 1.15):
+        f = family_forecast(
+            fit, 3e6, steps, share, 2000, steps=s[1:], values=loss[1:] * worse, upto=500
+        )
+        (m_seen, m_end), (lo_seen, lo_end), (hi_seen, hi_end) = f.curve(at)
+        seen_shift, end_shift = m_seen / p_seen - 1, m_end / p_end - 1
+        # Where the run is, the forecast follows its points.
+        assert seen_shift == pytest.approx(worse - 1, abs=0.003)
+        # Three e-folds of steps on, a 1% gap inside the family's error is weighed against
+        # the family; a 15% one, far beyond it, is the run's own and is kept.
+        if worse < 1.1:
+            assert 0 < end_shift < 0.9 * seen_shift
+        else:
+            assert end_shift == pytest.approx(seen_shift, abs=0.01)
+        assert hi_end / lo_end > hi_seen / lo_seen  # the band widens with the steps to come
