@@ -11,9 +11,10 @@ more sizes), the next size down's late-to-25% loss ratio, ``--reference`` with t
 down (or the same size's short cosine), and the run alone (``forecast`` on its own points).
 
 Data: ``shared/data/real_families`` (27 real runs, 3 sizes x 9 schedules),
-``bench/data/cpu_families``, ``bench/data/cpu_code_families`` and ``bench/data/
-cpu_man_families`` (real CPU runs on three tasks, made by ``bench/data/make_families.py``;
-the manual-page family was made after the forecast was built, and set nothing in it).
+``bench/data/cpu_families``, ``bench/data/cpu_code_families``, ``bench/data/
+cpu_man_families`` and ``bench/data/cpu_perl_families`` (real CPU runs on four tasks, made
+by ``bench/data/make_families.py``; the manual-page family was made after the forecast was
+built, the Perl family after the size laws' regime was set, to test it).
 The single-run band coverage is measured on ``shared/data/real_runs`` and the CPU runs.
 """
 
@@ -44,6 +45,7 @@ CPU_SETS = {  # label: folder of real CPU runs, one task each
     "cpu": ROOT / "bench" / "data" / "cpu_families",
     "code": ROOT / "bench" / "data" / "cpu_code_families",
     "man": ROOT / "bench" / "data" / "cpu_man_families",
+    "perl": ROOT / "bench" / "data" / "cpu_perl_families",
 }
 REAL_SCHEDULES = (
     "cosine_24000",

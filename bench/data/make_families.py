@@ -1,8 +1,8 @@
-"""Real CPU training families for the forecast benchmarks: tiny Transformers, three tasks.
+"""Real CPU training families for the forecast benchmarks: tiny Transformers, four tasks.
 
 A width family (same data, same cosine schedule, widths spanning ~30k to ~1M parameters) and,
 at one mid width, the same model under other schedules (constant, a longer cosine, WSD).
-Three tasks, each in its own folder:
+Four tasks, each in its own folder:
 
 - ``markov`` (``cpu_families/``): a seeded mixture of sparse order-1, order-2 and order-3
   Markov chains over 64 tokens, capacity-limited on purpose (the larger tables need more
@@ -11,12 +11,14 @@ Three tasks, each in its own folder:
   files on this machine, real text with no designed structure;
 - ``man`` (``cpu_man_families/``): the bytes of this machine's English manual pages of
   sections 5, 7 and 8 (roff source: prose with markup), made after the forecast was built,
-  as a family nothing in it was set on.
+  as a family nothing in it was set on;
+- ``perl`` (``cpu_perl_families/``): the bytes of this machine's Perl 5 library (modules
+  and their POD documentation), made after the size laws' regime was set, to test it.
 
 Each run is written as a gzipped long-format CSV (run, step, metric, value) and its config
 goes to ``runs.json``, as runwatch reads configs.
 
-    python bench/data/make_families.py [--task code|man]  # everything, into the task's folder
+    python bench/data/make_families.py [--task code|man|perl]  # all, into the task's folder
     python bench/data/make_families.py --probe 600        # smallest vs largest width, briefly
 
 How the data were made and how long it took: each folder's SOURCES.md.
@@ -52,6 +54,8 @@ OUT = Path(__file__).resolve().parent / "cpu_families"
 CODE_OUT = Path(__file__).resolve().parent / "cpu_code_families"
 MAN_OUT = Path(__file__).resolve().parent / "cpu_man_families"
 MAN_SECTIONS = ("man5", "man7", "man8")  # file formats, overviews, administration: prose
+PERL_OUT = Path(__file__).resolve().parent / "cpu_perl_families"
+PERL_ROOT = Path("/usr/share/perl")
 CODE_VOCAB, CODE_CONTEXT, CODE_BATCH = 128, 32, 32  # bytes; non-ASCII bytes share token 127
 CODE_ROW = 4096  # the byte stream is cut into rows of this length, as the Markov chains are
 CODE_HELDOUT_EVERY = 16  # every 16th file (sorted by path) is held out
@@ -386,7 +390,17 @@ def main() -> None:
     log.info("all done in %.0f s", time.perf_counter() - began)
 
 
-TASKS = {"markov": markov_task, "code": code_task, "man": man_task}
+def perl_sources(root: Path = PERL_ROOT) -> list[Path]:
+    """The Perl library's modules and POD documents, sorted by path."""
+    return sorted(p for p in root.rglob("*") if p.suffix in (".pm", ".pod") and p.is_file())
+
+
+def perl_task(root: Path = PERL_ROOT) -> Task:
+    """Byte-level language modelling of this machine's Perl 5 library."""
+    return text_task("perl", [p.read_bytes() for p in perl_sources(root)], PERL_OUT)
+
+
+TASKS = {"markov": markov_task, "code": code_task, "man": man_task, "perl": perl_task}
 
 
 if __name__ == "__main__":

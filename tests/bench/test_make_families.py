@@ -78,7 +78,9 @@ def test_code_corpus_is_the_files_bytes_in_rows_with_one_nul_between(tmp_path):
     assert bytes(flat[:5].astype("uint8")) == b"x = '"
 
 
-@pytest.mark.parametrize("out, prefix", [(mf.CODE_OUT, "code_"), (mf.MAN_OUT, "man_")])
+@pytest.mark.parametrize(
+    "out, prefix", [(mf.CODE_OUT, "code_"), (mf.MAN_OUT, "man_"), (mf.PERL_OUT, "perl_")]
+)
 def test_committed_text_family_has_a_config_and_a_csv_per_run(out, prefix):
     index_path = out / "runs.json"
     if not index_path.exists():
