@@ -53,6 +53,7 @@ VAL_EVERY = 50
 OUT = Path(__file__).resolve().parent / "cpu_families"
 CODE_OUT = Path(__file__).resolve().parent / "cpu_code_families"
 MAN_OUT = Path(__file__).resolve().parent / "cpu_man_families"
+MAN_ROOT = Path("/usr/share/man")
 MAN_SECTIONS = ("man5", "man7", "man8")  # file formats, overviews, administration: prose
 PERL_OUT = Path(__file__).resolve().parent / "cpu_perl_families"
 PERL_ROOT = Path("/usr/share/perl")
@@ -314,15 +315,28 @@ def code_task(root: Path | None = None) -> Task:
     return text_task("code", [p.read_bytes() for p in stdlib_sources(root)], CODE_OUT)
 
 
-def man_pages(root: Path = Path("/usr/share/man")) -> list[Path]:
+def man_pages(root: Path = MAN_ROOT) -> list[Path]:
     """The gzipped English manual pages of ``MAN_SECTIONS``, sorted by path."""
     return sorted(p for s in MAN_SECTIONS for p in (root / s).glob("*.gz"))
 
 
-def man_task(root: Path = Path("/usr/share/man")) -> Task:
+def man_task(root: Path = MAN_ROOT) -> Task:
     """Byte-level language modelling of this machine's manual pages (their roff source)."""
     blobs = [gzip.decompress(p.read_bytes()) for p in man_pages(root)]
     return text_task("man", blobs, MAN_OUT)
+
+
+def perl_sources(root: Path = PERL_ROOT) -> list[Path]:
+    """The Perl library's modules and POD documents, sorted by path."""
+    return sorted(p for p in root.rglob("*") if p.suffix in (".pm", ".pod") and p.is_file())
+
+
+def perl_task(root: Path = PERL_ROOT) -> Task:
+    """Byte-level language modelling of this machine's Perl 5 library."""
+    return text_task("perl", [p.read_bytes() for p in perl_sources(root)], PERL_OUT)
+
+
+TASKS = {"markov": markov_task, "code": code_task, "man": man_task, "perl": perl_task}
 
 
 def plan(seeds2: bool) -> list[tuple[int, dict, int, int]]:
@@ -388,19 +402,6 @@ def main() -> None:
             time.perf_counter() - t0,
         )
     log.info("all done in %.0f s", time.perf_counter() - began)
-
-
-def perl_sources(root: Path = PERL_ROOT) -> list[Path]:
-    """The Perl library's modules and POD documents, sorted by path."""
-    return sorted(p for p in root.rglob("*") if p.suffix in (".pm", ".pod") and p.is_file())
-
-
-def perl_task(root: Path = PERL_ROOT) -> Task:
-    """Byte-level language modelling of this machine's Perl 5 library."""
-    return text_task("perl", [p.read_bytes() for p in perl_sources(root)], PERL_OUT)
-
-
-TASKS = {"markov": markov_task, "code": code_task, "man": man_task, "perl": perl_task}
 
 
 if __name__ == "__main__":

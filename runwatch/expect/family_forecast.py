@@ -43,8 +43,10 @@ def family_forecast(
     ``final_step`` (logged, then planned)."""
     final = int(final_step)
     prior = fit.expected(params, lr_steps, lr_share, final)
-    prior_sd = fit.half_width(params) / Z90
+    prior_half = fit.half_width(params)
+    prior_sd = prior_half / Z90
     dof = fit.prior_dof(params)
+    scale = prior_half / t90(dof)  # the Student-t prior whose 90% half-width is the band's
     seen = 0
     level = None
     if steps is not None and values is not None and len(steps):
@@ -74,7 +76,7 @@ def family_forecast(
             return np.zeros(idx.shape), np.full(idx.shape, prior_sd)
         offset, obs_sd = level
         carry = carry_sd * np.log(np.maximum(idx, start) / start)
-        return _combine(offset, np.sqrt(obs_sd**2 + carry**2), Z90 * prior_sd / t90(dof), dof)
+        return _combine(offset, np.sqrt(obs_sd**2 + carry**2), scale, dof)
 
     def curve(at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         idx = np.clip(np.asarray(at, dtype=float).round().astype(int), 0, final)
