@@ -37,6 +37,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from runwatch.collectors.importer import import_long_format  # noqa: E402
+from runwatch.expect.family import level_offset  # noqa: E402
+from runwatch.expect.forecast import Forecast  # noqa: E402
 from runwatch.pipeline.analysis import forecast_run  # noqa: E402
 from runwatch.store import open_store  # noqa: E402
 
@@ -123,6 +125,8 @@ class Bench:
             "covered": f.lower <= truth <= f.upper,
             "band": (f.upper - f.lower) / 2 / truth * 100,
         }
+        if frac == 0:
+            row["level25"] = 100 * self.level_at_quarter(run, metric, f)
         for name, fn in anchors.items():
             try:
                 row[name] = _err(fn(upto), truth)
@@ -130,6 +134,16 @@ class Bench:
                 print(f"  {name} on {run} at {frac:.0%}: {exc}", file=sys.stderr)
                 row[name] = math.nan
         return row
+
+    def level_at_quarter(self, run: str, metric: str, before: Forecast) -> float:
+        """The run's log offset from its forecast made before it started, measured on its
+        points up to a quarter of its steps as the family forecast measures it."""
+        final = before.final_step
+        g = self.frames[run]
+        g = g[g["metric"] == metric]
+        prior = before.curve(np.arange(final + 1))[0]
+        steps, values = g["step"].to_numpy(float), g["value"].to_numpy(float)
+        return level_offset(prior, steps, values, final // 4, 0.0)[0]
 
     def alone(self, run, metric):
         def fn(upto):
@@ -290,7 +304,9 @@ def inner_widths(bench: Bench, label: str, width_runs: dict[str, dict]) -> list[
 def summary(rows: pd.DataFrame) -> pd.DataFrame:
     out = []
     cols = [
-        c for c in rows.columns if c not in ("kind", "target", "at", "truth", "covered", "band")
+        c
+        for c in rows.columns
+        if c not in ("kind", "target", "at", "truth", "covered", "band", "level25")
     ]
     for (kind, at), g in rows.groupby(["kind", "at"], sort=False):
         rec = {"kind": kind, "at": at, "n": len(g)}
@@ -328,6 +344,28 @@ def pooled(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+LEVEL_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def level_weights(rows: pd.DataFrame) -> pd.DataFrame:
+    """What a quarter of the run can tell, in hindsight: the median |error| of each kind's
+    forecasts if the run's level at 25% (against its forecast before the start) were
+    carried to the end with one weight w, beside the product's forecast at 25%. No w is
+    chosen from this; it shows how far the 25% figure rests on the forecast before the
+    start."""
+    before = rows[rows["at"] == "0%"].set_index(["kind", "target"])
+    at25 = rows[rows["at"] == "25%"].set_index(["kind", "target"])["family"]
+    out = []
+    for kind, g in before.groupby(level="kind", sort=False):
+        rec = {"kind": kind, "n": len(g)}
+        for w in LEVEL_WEIGHTS:
+            err = ((1 + g["family"] / 100) * np.exp(w * g["level25"] / 100) - 1) * 100
+            rec[f"w={w:g}"] = round(float(err.abs().median()), 2)
+        rec["product at 25%"] = round(float(at25.loc[kind].abs().median()), 2)
+        out.append(rec)
+    return pd.DataFrame(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few real-family cases only")
@@ -348,6 +386,8 @@ def main() -> None:
     print(summary(frame).to_string(index=False))
     print()
     print(pooled(frame).to_string(index=False))
+    print("\nmedian |error| % at 25% if the level there were carried with weight w")
+    print(level_weights(frame).to_string(index=False))
     covered = frame["covered"].astype(bool)
     named = ~frame["kind"].str.endswith("inner")
     issue, every = f"{covered[named].sum()}/{named.sum()}", f"{covered.sum()}/{len(frame)}"
