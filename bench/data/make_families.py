@@ -1,8 +1,8 @@
-"""Real CPU training families for the forecast benchmarks: tiny Transformers, four tasks.
+"""Real CPU training families for the forecast benchmarks: tiny Transformers, five tasks.
 
 A width family (same data, same cosine schedule, widths spanning ~30k to ~1M parameters) and,
 at one mid width, the same model under other schedules (constant, a longer cosine, WSD).
-Four tasks, each in its own folder:
+Five tasks, each in its own folder:
 
 - ``markov`` (``cpu_families/``): a seeded mixture of sparse order-1, order-2 and order-3
   Markov chains over 64 tokens, capacity-limited on purpose (the larger tables need more
@@ -13,12 +13,15 @@ Four tasks, each in its own folder:
   sections 5, 7 and 8 (roff source: prose with markup), made after the forecast was built,
   as a family nothing in it was set on;
 - ``perl`` (``cpu_perl_families/``): the bytes of this machine's Perl 5 library (modules
-  and their POD documentation), made after the size laws' regime was set, to test it.
+  and their POD documentation), made after the size laws' regime was set, to test it;
+- ``c`` (``cpu_c_families/``): the bytes of this machine's C headers (``/usr/include``
+  without its C++ trees), made after the line was left out of the size laws' mean, to
+  test that.
 
 Each run is written as a gzipped long-format CSV (run, step, metric, value) and its config
 goes to ``runs.json``, as runwatch reads configs.
 
-    python bench/data/make_families.py [--task code|man|perl]  # all, into the task's folder
+    python bench/data/make_families.py [--task code|man|perl|c]  # all, into the task's folder
     python bench/data/make_families.py --probe 600        # smallest vs largest width, briefly
 
 How the data were made and how long it took: each folder's SOURCES.md.
@@ -57,6 +60,9 @@ MAN_ROOT = Path("/usr/share/man")
 MAN_SECTIONS = ("man5", "man7", "man8")  # file formats, overviews, administration: prose
 PERL_OUT = Path(__file__).resolve().parent / "cpu_perl_families"
 PERL_ROOT = Path("/usr/share/perl")
+C_OUT = Path(__file__).resolve().parent / "cpu_c_families"
+C_ROOT = Path("/usr/include")
+C_SKIP = ("c++", "llvm", "node")  # C++ trees: their headers are C++, not C
 CODE_VOCAB, CODE_CONTEXT, CODE_BATCH = 128, 32, 32  # bytes; non-ASCII bytes share token 127
 CODE_ROW = 4096  # the byte stream is cut into rows of this length, as the Markov chains are
 CODE_HELDOUT_EVERY = 16  # every 16th file (sorted by path) is held out
@@ -336,7 +342,27 @@ def perl_task(root: Path = PERL_ROOT) -> Task:
     return text_task("perl", [p.read_bytes() for p in perl_sources(root)], PERL_OUT)
 
 
-TASKS = {"markov": markov_task, "code": code_task, "man": man_task, "perl": perl_task}
+def c_headers(root: Path = C_ROOT) -> list[Path]:
+    """The C headers under ``root``, sorted by path, without the C++ trees (``C_SKIP``)."""
+    return sorted(
+        p
+        for p in root.rglob("*.h")
+        if p.is_file() and not p.relative_to(root).parts[0].startswith(C_SKIP)
+    )
+
+
+def c_task(root: Path = C_ROOT) -> Task:
+    """Byte-level language modelling of this machine's C headers."""
+    return text_task("c", [p.read_bytes() for p in c_headers(root)], C_OUT)
+
+
+TASKS = {
+    "markov": markov_task,
+    "code": code_task,
+    "man": man_task,
+    "perl": perl_task,
+    "c": c_task,
+}
 
 
 def plan(seeds2: bool) -> list[tuple[int, dict, int, int]]:

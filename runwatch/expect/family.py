@@ -23,7 +23,7 @@ from runwatch.expect.binning import bin_arrays
 from runwatch.expect.lrlaw import fit_area_law, lr_areas
 from runwatch.expect.powerlaw import MIN_POINTS, TooLittleData
 from runwatch.expect.schedule_transfer import UNANNEALED, TransferCurve, transfer_curve
-from runwatch.expect.size_scaling import scale_to
+from runwatch.expect.size_scaling import FLOORED, scale_to
 
 FIT_FROM = 0.1
 """A member's points before this share of its steps are left out of its size's fit: the
@@ -146,7 +146,8 @@ class FamilyFit:
     (``_choose_size_law``): the band reaches what they expect too."""
     size_law_weights: tuple[float, ...] = ()
     """The weights of ``size_laws`` in the expected curve, by the likelihood of their
-    leave-one-out errors (empty: the chosen law alone)."""
+    leave-one-out errors (empty: the chosen law alone; 0: the line beside a law with a
+    floor, which the band reaches but the mean leaves out)."""
     transfer_rel_per_efold: float = TRANSFER_REL_PER_EFOLD
     """Relative error of a schedule transfer per e-fold of S1 beyond the base curve's reach
     (leave-one-schedule-out, RMS): a run longer than any unannealed stretch."""
@@ -200,7 +201,8 @@ class FamilyFit:
         family cannot rule out with their weights."""
         if law is not None or not self.size_law_weights:
             return [(1.0, law or self.size_law)]
-        return list(zip(self.size_law_weights, self.size_laws, strict=True))
+        pairs = zip(self.size_law_weights, self.size_laws, strict=True)
+        return [(w, each) for w, each in pairs if w > 0]
 
     def final_by_size(
         self,
@@ -471,11 +473,14 @@ def _choose_size_law(
     """The size law whose leave-the-larger-out errors are smallest, its errors per e-fold,
     the other laws it cannot be told from (their mean square error, over the same errors,
     within the F test's 90% quantile of the best's), and the weights of all of these: the
-    likelihood of their errors, MSE^(-n/2) for n errors, normalized. Two sizes cannot tell
-    laws apart: the floor law with the prior exponent, as the loss of a larger model
-    flattens. The fitted floor and the shared law need four (their first test, three
-    smaller sizes). Where the laws' regime (``law_regime``) has four sizes or more, the
-    laws are judged on it alone, as they are fitted on it beyond the largest size."""
+    likelihood of their errors, MSE^(-n/2) for n errors, normalized. Where a law with a
+    floor (``FLOORED``) is among these, the line is not chosen and weighs 0: it cannot
+    flatten, and a law that can explains the family's errors as well (the band still
+    reaches it). Two sizes cannot tell laws apart: the floor law with the prior exponent,
+    as the loss of a larger model flattens. The fitted floor and the shared law need four
+    (their first test, three smaller sizes). Where the laws' regime (``law_regime``) has
+    four sizes or more, the laws are judged on it alone, as they are fitted on it beyond
+    the largest size."""
     start = _family_regime(groups, sizes)
     if len(groups) - start >= 4:
         groups, sizes = groups[start:], sizes[start:]
@@ -492,14 +497,23 @@ def _choose_size_law(
     square = {law: float(np.mean(np.square(e[-common:]))) for law, e in errors.items()}
     best = min(square, key=square.__getitem__)
     limit = F90[min(common, len(F90)) - 1] * square[best]
-    alike = tuple(law for law in errors if law != best and square[law] <= limit)
+    within = [law for law in errors if square[law] <= limit]
+    floored = [law for law in within if law in FLOORED]
+    chosen = min(floored or within, key=square.__getitem__)
+    alike = tuple(law for law in within if law != chosen)
     if not alike:
-        return best, errors[best], (), ()
-    # Relative to the best's (an alike law's MSE of 0 means the best's is 0 too).
-    ratios = [square[best] / square[law] if square[law] > 0 else 1.0 for law in alike]
-    likelihood = [r ** (common / 2) for r in ratios]
-    total = 1.0 + sum(likelihood)
-    return best, errors[best], alike, tuple(w / total for w in (1.0, *likelihood))
+        return chosen, errors[chosen], (), ()
+
+    def likelihood(law: str) -> float:
+        """MSE^(-n/2) relative to the best's (an MSE of 0 means the best's is 0 too); the
+        line's is 0 beside a law with a floor."""
+        if floored and law not in FLOORED:
+            return 0.0
+        return (square[best] / square[law]) ** (common / 2) if square[law] > 0 else 1.0
+
+    weights = [likelihood(law) for law in (chosen, *alike)]
+    total = sum(weights)
+    return chosen, errors[chosen], alike, tuple(w / total for w in weights)
 
 
 def _family_regime(groups: list[list[Member]], sizes: tuple[SizeLaw, ...]) -> int:

@@ -36,6 +36,8 @@ from __future__ import annotations
 import numpy as np
 
 LAWS = ("loglog", "floor", "prior", "shared")
+FLOORED = ("floor", "prior", "shared")
+"""The laws with a floor that a larger model's loss flattens towards; the line has none."""
 GRID_POINTS = 512
 EXPONENTS = np.geomspace(0.02, 2.0, 48)
 """The exponents a the floor law's grid tries."""

@@ -10,7 +10,7 @@ from runwatch.expect.family import FamilyFit, Member, fit_family, law_regime
 from runwatch.expect.family_forecast import family_forecast
 from runwatch.expect.lrlaw import lr_areas
 from runwatch.expect.planned import planned_lr
-from runwatch.expect.size_scaling import scale_to
+from runwatch.expect.size_scaling import FLOORED, scale_to
 
 COSINE = {"name": "cosine", "warmup": 50, "final_lr_fraction": 0.1}
 CONSTANT = {"name": "constant", "warmup": 50}
@@ -191,6 +191,29 @@ def test_the_mean_weighs_and_the_band_holds_each_size_law_the_errors_cannot_rule
     assert min(ends) < f.predicted < max(ends)
     assert f.size_laws == (fit.size_law, *fit.size_laws_alike)  # named, for the JSON
     assert f.size_law_weights == fit.size_law_weights
+
+
+def test_the_line_beside_a_law_with_a_floor_is_held_by_the_band_not_the_mean():
+    # Three sizes bent in log N: one leave-the-larger-out error each cannot tell the line
+    # from the prior law. The line cannot flatten, so it is not chosen and weighs nothing
+    # in the mean; the band still reaches what it expects.
+    def bent(name, params, seed):
+        steps, loss, share = law_curve(1e6, COSINE, 2000, seed)
+        x = np.log(params / 1e4)
+        return Member(
+            name, params, steps[1:], (loss * (1.5 - 0.15 * x + 0.01 * x * x))[1:], steps, share
+        )
+
+    fit = fit_family([bent(f"n{i}", p, i) for i, p in enumerate((1e5, 2e5, 4e5))])
+    assert "loglog" in fit.size_laws_alike and fit.size_law in FLOORED
+    weights = dict(zip(fit.size_laws, fit.size_law_weights, strict=True))
+    assert weights["loglog"] == 0 and sum(weights.values()) == pytest.approx(1.0)
+    steps, share = planned_lr(COSINE, 2000)
+    f = family_forecast(fit, 1.6e6, steps, share, 2000)
+    ends = {law: fit.expected(1.6e6, steps, share, 2000, law=law)[-1] for law in weights}
+    assert f.predicted == pytest.approx(sum(w * ends[law] for law, w in weights.items()))
+    assert ends["loglog"] < f.predicted  # the line is the optimistic one, and left out
+    assert f.lower <= ends["loglog"] * np.exp(-fit.half_width(1.6e6)) * (1 + 1e-9)
 
 
 def test_two_sizes_flatten_towards_a_floor_by_the_prior_exponent():
