@@ -9,11 +9,12 @@ constant LRs; width runs: held-out and training loss), each forecast made as ``r
 forecast --upto`` makes it: on the points up to that step, the LR logged up to it, to the
 run's last step. These set ``UNSEEN_FALL_PER_EFOLD``; "all" is them. The held-out checks
 (``HELD_OUT``): 16 runs of ``examples/train_tiny_lm.py`` ("example",
-``bench/data/tiny_lm_forecast``, training loss, batch 8 to 64), and the manual-page family
-("man", ``bench/data/cpu_man_families``, and "perl", made after the value was set). The truth is the
-median of a run's last 2% of points (at least 5): a batch-8 loss point is 17% noise.
-``--before DIR`` also runs the same code from a checkout of an earlier commit (a ``git
-worktree``, built in place) in a subprocess: the anchor.
+``bench/data/tiny_lm_forecast``, training loss, batch 8 to 64), and the families made
+after the value was set: manual pages ("man", ``bench/data/cpu_man_families``), the Perl
+library ("perl") and C headers ("c"). The truth is the median of a run's last 2% of points
+(at least 5): a batch-8 loss point is 17% noise. ``--before DIR`` also runs the same code
+from a checkout of an earlier commit (a ``git worktree``, built in place) in a subprocess:
+the anchor.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ CPU_SETS = {  # set label: folder of real CPU runs (the run names start with the
     "code": HERE / "bench" / "data" / "cpu_code_families",
     "man": HERE / "bench" / "data" / "cpu_man_families",
     "perl": HERE / "bench" / "data" / "cpu_perl_families",
+    "c": HERE / "bench" / "data" / "cpu_c_families",
 }
-HELD_OUT = ("example", "man", "perl")
+HELD_OUT = ("example", "man", "perl", "c")
 """The sets that set nothing (their label's first word): the check, left out of "all"."""
 EXAMPLE = HERE / "bench" / "data" / "tiny_lm_forecast"
 FRACTIONS = (0.10, 0.25, 0.50, 0.75)

@@ -11,10 +11,11 @@ more sizes), the next size down's late-to-25% loss ratio, ``--reference`` with t
 down (or the same size's short cosine), and the run alone (``forecast`` on its own points).
 
 Data: ``shared/data/real_families`` (27 real runs, 3 sizes x 9 schedules),
-``bench/data/cpu_families``, ``bench/data/cpu_code_families``, ``bench/data/
-cpu_man_families`` and ``bench/data/cpu_perl_families`` (real CPU runs on four tasks, made
-by ``bench/data/make_families.py``; the manual-page family was made after the forecast was
-built, the Perl family after the size laws' regime was set, to test it).
+and the real CPU runs on five tasks in ``bench/data/cpu_families``, ``cpu_code_families``,
+``cpu_man_families``, ``cpu_perl_families`` and ``cpu_c_families``, made by
+``bench/data/make_families.py``: the manual-page family after the forecast was built, the
+Perl family after the size laws' regime was set, the C family after the line was left out
+of the size laws' mean, each to test what came before it.
 The single-run band coverage is measured on ``shared/data/real_runs`` and the CPU runs.
 """
 
@@ -48,6 +49,7 @@ CPU_SETS = {  # label: folder of real CPU runs, one task each
     "code": ROOT / "bench" / "data" / "cpu_code_families",
     "man": ROOT / "bench" / "data" / "cpu_man_families",
     "perl": ROOT / "bench" / "data" / "cpu_perl_families",
+    "c": ROOT / "bench" / "data" / "cpu_c_families",
 }
 REAL_SCHEDULES = (
     "cosine_24000",
