@@ -33,6 +33,15 @@ def member(name, params, schedule, total, seed=0):
     return Member(name, params, steps[1:], loss[1:], steps, share)
 
 
+def bent_member(name, params, seed):
+    """A run whose final loss is quadratic in log N, which none of the size laws is."""
+    steps, loss, share = law_curve(1e6, COSINE, 2000, seed)
+    x = np.log(params / 1e4)
+    return Member(
+        name, params, steps[1:], (loss * (1.5 - 0.15 * x + 0.01 * x * x))[1:], steps, share
+    )
+
+
 def truth(params, schedule, total):
     _steps, loss, _ = law_curve(params, schedule, total, seed=99)
     return float(np.median(loss[-5:]))
@@ -168,15 +177,8 @@ def test_the_mean_weighs_and_the_band_holds_each_size_law_the_errors_cannot_rule
     # Final losses quadratic in log N, which none of the laws is: their leave-the-larger-out
     # errors are alike, so the mean is their weighted mean and the band reaches each one's
     # expectation, the chosen law's too, with its own band.
-    def bent(name, params, seed):
-        steps, loss, share = law_curve(1e6, COSINE, 2000, seed)
-        x = np.log(params / 1e4)
-        return Member(
-            name, params, steps[1:], (loss * (1.5 - 0.15 * x + 0.01 * x * x))[1:], steps, share
-        )
-
     sizes = (1e5, 2e5, 4e5, 8e5, 1.6e6)
-    fit = fit_family([bent(f"n{i}", p, i) for i, p in enumerate(sizes)])
+    fit = fit_family([bent_member(f"n{i}", p, i) for i, p in enumerate(sizes)])
     assert fit.size_laws_alike and fit.size_law not in fit.size_laws_alike
     steps, share = planned_lr(COSINE, 2000)
     f = family_forecast(fit, 4e6, steps, share, 2000)
@@ -197,14 +199,7 @@ def test_the_line_beside_a_law_with_a_floor_is_held_by_the_band_not_the_mean():
     # Three sizes bent in log N: one leave-the-larger-out error each cannot tell the line
     # from the prior law. The line cannot flatten, so it is not chosen and weighs nothing
     # in the mean; the band still reaches what it expects.
-    def bent(name, params, seed):
-        steps, loss, share = law_curve(1e6, COSINE, 2000, seed)
-        x = np.log(params / 1e4)
-        return Member(
-            name, params, steps[1:], (loss * (1.5 - 0.15 * x + 0.01 * x * x))[1:], steps, share
-        )
-
-    fit = fit_family([bent(f"n{i}", p, i) for i, p in enumerate((1e5, 2e5, 4e5))])
+    fit = fit_family([bent_member(f"n{i}", p, i) for i, p in enumerate((1e5, 2e5, 4e5))])
     assert "loglog" in fit.size_laws_alike and fit.size_law in FLOORED
     weights = dict(zip(fit.size_laws, fit.size_law_weights, strict=True))
     assert weights["loglog"] == 0 and sum(weights.values()) == pytest.approx(1.0)
