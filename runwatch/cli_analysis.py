@@ -139,11 +139,15 @@ def cmd_forecast(args: argparse.Namespace, store: Any) -> int:
     if args.reference is not None:
         model = f"the curve of run {args.reference!r}, aligned by {args.align}"
     if args.family:
-        seen = "before the run starts" if result.upto == 0 else f"its own points to {result.upto}"
-        model = f"the family {', '.join(args.family)}, with {seen}"
+        seen = (
+            "before the run starts"
+            if result.upto == 0
+            else f"updated by its own points to step {result.upto}"
+        )
+        model = f"the family {', '.join(args.family)}, {seen}"
         if result.size_law_weights:
             shares = [
-                f"{law} {w:.0%}"
+                f"{law} {w:.0%}" if w > 0 else f"{law} in the band only (it has no floor)"
                 for law, w in zip(result.size_laws, result.size_law_weights, strict=True)
             ]
             model += f"; size laws {', '.join(shares)}, none ruled out by the family's errors"

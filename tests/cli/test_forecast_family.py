@@ -70,6 +70,28 @@ def test_forecast_before_the_run_starts_and_updated_by_its_points(db, capsys):
     assert after["lower"] <= final <= after["upper"]
 
 
+def test_the_text_names_the_size_laws_and_the_line_held_by_the_band_only(tmp_path, capsys):
+    # Final losses bent in log params over three sizes: one leave-the-larger-out error
+    # cannot tell the line from the floor law with the prior exponent.
+    db = tmp_path / "bent.db"
+    for name, params in (("s", 1e5), ("m", 2e5), ("l", 4e5), ("xl", 1.6e6)):
+        x = np.log(params / 1e4)
+        src = _run_csv(tmp_path / f"{name}.csv", name, 1e6, 2000, 1.5 - 0.15 * x + 0.01 * x * x)
+        config = {"params": params, "total_steps": 2000, "schedule": COSINE}
+        assert main(["import", str(src), "--db", str(db), "--config", json.dumps(config)]) == 0
+    base = ["forecast", "--db", str(db), "--run", "xl", "--family", "s", "m", "l"]
+    got = _json(capsys, [*base, "--upto", "0", "--format", "json"])
+    assert got["size_law_weights"]["loglog"] == 0 and got["size_law"] != "loglog"
+    capsys.readouterr()
+    assert main([*base, "--upto", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "the family s, m, l, before the run starts; size laws " in text
+    assert "loglog in the band only (it has no floor)" in text
+    assert f"{got['size_law']} 100%" in text
+    assert main([*base, "--upto", "500"]) == 0
+    assert "updated by its own points to step 500" in capsys.readouterr().out
+
+
 def test_analyze_family_flags_a_run_above_its_scaling_line(db, capsys):
     capsys.readouterr()
     argv = ["analyze", "--db", str(db), "--run", "xl", "--family", "s", "m", "l"]
