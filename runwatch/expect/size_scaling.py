@@ -9,7 +9,7 @@ Four laws, in the parameter count N:
 - ``"floor"``: L = E + A·N^-a (Chinchilla's form), with the floor E between 0 and the
   lowest loss, fitted by least squares at each step (a grid over a; E and A are linear).
   It needs three sizes, and four to be told apart from the line by the family's own
-  leave-one-out errors (``runwatch.expect.family`` chooses).
+  leave-one-out errors (``runwatch.expect.family_fit`` chooses).
 - ``"prior"``: the same form with a fixed at ``PRIOR_EXPONENT``, Chinchilla's published
   exponent for parameters: with two or three sizes a floor cannot be measured, but the
   loss does flatten towards one, which the line cannot show.

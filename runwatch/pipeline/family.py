@@ -14,12 +14,8 @@ from typing import Any
 import numpy as np
 
 from runwatch.detect.roles import role_of
-from runwatch.expect.family import (
-    FIT_FROM,
-    Member,
-    final_value,
-    fit_family,
-)
+from runwatch.expect.family import FIT_FROM, Member, final_value
+from runwatch.expect.family_fit import fit_family
 from runwatch.expect.family_forecast import family_forecast
 from runwatch.expect.forecast import Forecast
 from runwatch.expect.planned import BadSchedule, planned_lr

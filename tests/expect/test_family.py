@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runwatch.expect.family import FamilyFit, Member, fit_family, law_regime
+from runwatch.expect.family import FamilyFit, Member, law_regime
+from runwatch.expect.family_fit import fit_family
 from runwatch.expect.family_forecast import family_forecast
 from runwatch.expect.lrlaw import lr_areas
 from runwatch.expect.planned import planned_lr

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from runwatch.collectors.importer import import_long_format
-from runwatch.expect.family import fit_family
+from runwatch.expect.family_fit import fit_family
 from runwatch.expect.lrlaw import lr_areas
 from runwatch.expect.planned import planned_lr
 from runwatch.pipeline.family import family_curves, family_members, forecast_family, scaling_view
