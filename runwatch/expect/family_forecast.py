@@ -56,8 +56,6 @@ def family_forecast(
         level = level_offset(prior, st, va, seen, prior_sd)
     # The base curve carried past the runs that measured it: the level cannot tell it.
     far = fit.beyond_half(lr_steps, lr_share, final)
-    start = max(seen, 1)
-    carry_sd = fit.drift_half() / Z90  # per e-fold of steps past the level
     # The lower end also reaches the law's credit for annealing no run has tested, and
     # both ends what the size laws the family cannot rule out expect; each curve is set to
     # the run's level where it has been seen.
@@ -70,26 +68,28 @@ def family_forecast(
         ratio /= ratio[min(seen, final)] if seen else 1.0
         high, low = np.fmax(high, ratio), np.fmin(low, ratio)
 
-    def shifted(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The log shift from the prior at steps ``idx``, and its sd."""
-        if level is None:
-            return np.zeros(idx.shape), np.full(idx.shape, prior_sd)
+    # The log shift from the prior at every step 0..final, and its sd.
+    every = np.arange(final + 1)
+    if level is None:
+        shift, sd = np.zeros(every.shape), np.full(every.shape, prior_sd)
+    else:
         offset, obs_sd = level
-        carry = carry_sd * np.log(np.maximum(idx, start) / start)
-        return _combine(offset, np.sqrt(obs_sd**2 + carry**2), scale, dof)
+        start = max(seen, 1)
+        carry_sd = fit.drift_half() / Z90  # per e-fold of steps past the level
+        carry = carry_sd * np.log(np.maximum(every, start) / start)
+        shift, sd = _combine(offset, np.sqrt(obs_sd**2 + carry**2), scale, dof)
+    expected = prior * np.exp(shift)
+    half = np.sqrt((Z90 * sd) ** 2 + far**2)
 
     def curve(at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         idx = np.clip(np.asarray(at, dtype=float).round().astype(int), 0, final)
-        shift, sd = shifted(idx)
-        mean = prior[idx] * np.exp(shift)
-        half = np.sqrt((Z90 * sd) ** 2 + far**2)
-        return mean, mean * low[idx] * np.exp(-half), mean * high[idx] * np.exp(half)
+        mean = expected[idx]
+        return mean, mean * low[idx] * np.exp(-half[idx]), mean * high[idx] * np.exp(half[idx])
 
     m, lo, hi = (float(a[0]) for a in curve(np.array([final])))
     target_step = None
     if target is not None and math.isfinite(target):
-        every = np.arange(final + 1)
-        below = np.flatnonzero(prior * np.exp(shifted(every)[0]) <= target)
+        below = np.flatnonzero(expected <= target)
         target_step = int(below[below >= seen][0]) if (below >= seen).any() else None
     laws = fit.size_laws if len(fit.sizes) > 1 else ()
     return Forecast(
