@@ -22,6 +22,7 @@ import numpy as np
 
 from runwatch.expect.binning import bin_arrays
 from runwatch.expect.lrlaw import lr_areas
+from runwatch.expect.powerlaw import residual_sigma
 from runwatch.expect.schedule_transfer import TransferCurve
 from runwatch.expect.size_scaling import scale_to
 
@@ -337,6 +338,5 @@ def level_offset(
     bs, bv, _ = bin_arrays(steps[ok], values[ok])
     idx = np.clip(bs.round().astype(int), 0, prior.size - 1)
     logs = np.log(bv) - np.log(np.maximum(prior[idx], 1e-12))
-    offset = float(np.median(logs))
-    spread = float(1.4826 * np.median(np.abs(logs - offset))) if logs.size > 2 else prior_sd
-    return offset, max(spread / math.sqrt(logs.size), 1e-4)
+    spread = residual_sigma(logs) if logs.size > 2 else prior_sd
+    return float(np.median(logs)), max(spread / math.sqrt(logs.size), 1e-4)
