@@ -78,8 +78,18 @@ def test_code_corpus_is_the_files_bytes_in_rows_with_one_nul_between(tmp_path):
     assert bytes(flat[:5].astype("uint8")) == b"x = '"
 
 
+def test_c_corpus_is_the_headers_without_the_cpp_trees(tmp_path):
+    for rel in ("stdio.h", "linux/types.h", "c++/12/vector.h", "llvm-14/ir.h", "node/v8.h"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"int x;\n")
+    (tmp_path / "notes.txt").write_bytes(b"not a header\n")
+    files = mf.c_headers(tmp_path)
+    assert [p.relative_to(tmp_path).as_posix() for p in files] == ["linux/types.h", "stdio.h"]
+
+
 @pytest.mark.parametrize(
-    "out, prefix", [(mf.CODE_OUT, "code_"), (mf.MAN_OUT, "man_"), (mf.PERL_OUT, "perl_")]
+    "out, prefix",
+    [(mf.CODE_OUT, "code_"), (mf.MAN_OUT, "man_"), (mf.PERL_OUT, "perl_"), (mf.C_OUT, "c_")],
 )
 def test_committed_text_family_has_a_config_and_a_csv_per_run(out, prefix):
     index_path = out / "runs.json"
