@@ -44,6 +44,11 @@ from runwatch.pipeline.analysis import forecast_run  # noqa: E402
 from runwatch.store import open_store  # noqa: E402
 
 REAL = ROOT.parent / "shared" / "data" / "real_families"
+FRACTIONS = (0.0, 0.25, 0.5, 0.75)
+"""Where the target is forecast: before it starts and with its points to 25% (the issue's
+figures), and to 50% and 75% (how the forecast and its band go on with more of the run)."""
+LEVEL_AT = (0.1, 0.25, 0.5, 0.75)
+"""Where the run's level against its forecast before the start is read, in hindsight."""
 CPU_SETS = {  # label: folder of real CPU runs, one task each
     "cpu": ROOT / "bench" / "data" / "cpu_families",
     "code": ROOT / "bench" / "data" / "cpu_code_families",
@@ -128,7 +133,9 @@ class Bench:
             "band": (f.upper - f.lower) / 2 / truth * 100,
         }
         if frac == 0:
-            row["level25"] = 100 * self.level_at_quarter(run, metric, f)
+            for at in LEVEL_AT:
+                row[f"level{at:.0%}"] = 100 * self.level_at(run, metric, f, at)
+            row["level_end"] = -100 * math.log1p(row["family"] / 100)
         for name, fn in anchors.items():
             try:
                 row[name] = _err(fn(upto), truth)
@@ -137,15 +144,16 @@ class Bench:
                 row[name] = math.nan
         return row
 
-    def level_at_quarter(self, run: str, metric: str, before: Forecast) -> float:
+    def level_at(self, run: str, metric: str, before: Forecast, frac: float) -> float:
         """The run's log offset from its forecast made before it started, measured on its
-        points up to a quarter of its steps as the family forecast measures it."""
+        points up to ``frac`` of its steps as the family forecast measures it."""
         final = before.final_step
         g = self.frames[run]
         g = g[g["metric"] == metric]
         prior = before.curve(np.arange(final + 1))[0]
         steps, values = g["step"].to_numpy(float), g["value"].to_numpy(float)
-        return level_offset(prior, steps, values, final // 4, 0.0)[0]
+        level = level_offset(prior, steps, values, int(frac * final), 0.0)
+        return math.nan if level is None else level[0]
 
     def alone(self, run, metric):
         def fn(upto):
@@ -223,7 +231,7 @@ def real_families(bench: Bench, quick: bool) -> list[dict]:
     for sched in targets:
         run = f"mpl_400m_{sched}"
         same = [f"mpl_{s}_{sched}" for s in ("25m", "100m")]
-        for frac in (0.0, 0.25):
+        for frac in FRACTIONS:
             anchors = dict(bench.size_fits(run, "loss", same)) if frac == 0 else {}
             if frac:
                 anchors |= {
@@ -236,7 +244,7 @@ def real_families(bench: Bench, quick: bool) -> list[dict]:
         family = [f"mpl_{size}_{x}" for x in REAL_FIT_SET]
         for sched in ("cosine_72000", "wsd_20000_24000", "wsdld_20000_24000", "constant_72000"):
             run = f"mpl_{size}_{sched}"
-            for frac in (0.0, 0.25):
+            for frac in FRACTIONS:
                 anchors = {}
                 if frac:
                     anchors = {
@@ -260,7 +268,7 @@ def cpu_families(bench: Bench, label: str, folder: Path) -> list[dict]:
     seed0 = [n for n in family if width_runs[n]["seed"] == 0]  # the naive fits: one per size
     rows = []
     for run in sorted(n for n, c in width_runs.items() if c["params"] == largest):
-        for frac in (0.0, 0.25):
+        for frac in FRACTIONS:
             anchors = dict(bench.size_fits(run, "val_loss", seed0)) if frac == 0 else {}
             if frac:
                 anchors |= {
@@ -278,7 +286,7 @@ def cpu_families(bench: Bench, label: str, folder: Path) -> list[dict]:
     for target in (f"{mid}_cosine_4000", f"{mid}_wsd_3200_4000"):
         if target not in meta:
             continue
-        for frac in (0.0, 0.25):
+        for frac in FRACTIONS:
             anchors = {}
             if frac:
                 anchors = {
@@ -298,7 +306,7 @@ def inner_widths(bench: Bench, label: str, width_runs: dict[str, dict]) -> list[
     for size in sizes[3:-1]:
         family = sorted(n for n, c in width_runs.items() if c["params"] < size)
         for run in sorted(n for n, c in width_runs.items() if c["params"] == size):
-            for frac in (0.0, 0.25):
+            for frac in FRACTIONS:
                 rows.append(bench.case(f"{label} inner", run, "val_loss", family, frac, {}))
     return rows
 
@@ -308,7 +316,8 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
     cols = [
         c
         for c in rows.columns
-        if c not in ("kind", "target", "at", "truth", "covered", "band", "level25")
+        if c not in ("kind", "target", "at", "truth", "covered", "band")
+        and not c.startswith("level")
     ]
     for (kind, at), g in rows.groupby(["kind", "at"], sort=False):
         rec = {"kind": kind, "at": at, "n": len(g)}
@@ -361,9 +370,25 @@ def level_weights(rows: pd.DataFrame) -> pd.DataFrame:
     for kind, g in before.groupby(level="kind", sort=False):
         rec = {"kind": kind, "n": len(g)}
         for w in LEVEL_WEIGHTS:
-            err = ((1 + g["family"] / 100) * np.exp(w * g["level25"] / 100) - 1) * 100
+            err = ((1 + g["family"] / 100) * np.exp(w * g["level25%"] / 100) - 1) * 100
             rec[f"w={w:g}"] = round(float(err.abs().median()), 2)
         rec["product at 25%"] = round(float(at25.loc[kind].abs().median()), 2)
+        out.append(rec)
+    return pd.DataFrame(out)
+
+
+def level_gaps(rows: pd.DataFrame) -> pd.DataFrame:
+    """How far the level a forecast measures at each share of the run (its log offset from
+    the forecast made before the start) is from where the run ends: the median |gap|, in
+    log %, per kind. A level that has settled by 25% could be carried to the end; one that
+    still moves by more than the goal cannot, whatever weight it is given."""
+    before = rows[(rows["at"] == "0%") & ~rows["kind"].str.endswith("transfer")]
+    out = []
+    for kind, g in before.groupby("kind", sort=False):
+        rec = {"kind": kind, "n": len(g), "|end|": round(float(g["level_end"].abs().median()), 2)}
+        for at in LEVEL_AT:
+            gap = (g[f"level{at:.0%}"] - g["level_end"]).abs().dropna()
+            rec[f"gap at {at:.0%}"] = round(float(gap.median()), 2) if len(gap) else None
         out.append(rec)
     return pd.DataFrame(out)
 
@@ -390,10 +415,15 @@ def main() -> None:
     print(pooled(frame).to_string(index=False))
     print("\nmedian |error| % at 25% if the level there were carried with weight w")
     print(level_weights(frame).to_string(index=False))
+    print("\nmedian |level at f - level at the end|, log % (|end|: the forecast's own miss)")
+    print(level_gaps(frame).to_string(index=False))
+    issue_at = frame["at"].isin(["0%", "25%"])
     covered = frame["covered"].astype(bool)
     named = ~frame["kind"].str.endswith("inner")
-    issue, every = f"{covered[named].sum()}/{named.sum()}", f"{covered.sum()}/{len(frame)}"
-    print(f"\nthe issue's family and transfer forecasts: {issue} covered; with inner: {every}")
+    for label, these in (("at 0% and 25%", issue_at), ("at 50% and 75%", ~issue_at)):
+        issue = f"{covered[named & these].sum()}/{(named & these).sum()}"
+        every = f"{covered[these].sum()}/{these.sum()}"
+        print(f"the family and transfer forecasts {label}: {issue} covered; with inner: {every}")
     print(f"\n({time.perf_counter() - began:.0f} s)")
 
 
