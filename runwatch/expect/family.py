@@ -47,8 +47,8 @@ TRANSFER_REL_PER_EFOLD = 0.02
 the family cannot measure its own (as ``SIZE_REL_PER_EFOLD`` for size)."""
 
 DRIFT_REL = 0.01
-"""The relative drift per e-fold of steps assumed when the family cannot measure its own
-(a single run)."""
+"""The relative drift per square root of an e-fold of steps (``drift_span``) assumed when
+the family cannot measure its own (a single run)."""
 
 
 UPDATE_FROM = 0.5
@@ -136,7 +136,7 @@ class FamilyFit:
     size_law: str = "prior"
     """How the loss scales over size (``runwatch.expect.size_scaling``)."""
     drift_rel: float = DRIFT_REL
-    """Relative drift per e-fold of steps of a run's level against the family's curve
+    """Relative drift per ``drift_span`` of a run's level against the family's curve
     after it is measured (leave-one-out at a quarter of each run's steps, RMS;
     ``runwatch.expect.family_fit``)."""
     measured: dict[str, int] = field(default_factory=dict)
@@ -231,7 +231,7 @@ class FamilyFit:
         return np.array(finals)
 
     def drift_half(self) -> float:
-        """The 90% half-width, relative per e-fold of steps, of the drift (``drift_rel``)."""
+        """The 90% half-width, relative per ``drift_span``, of the drift (``drift_rel``)."""
         return t90(self.measured.get("drift", 0) + PRIOR_WEIGHT) * self.drift_rel
 
     def beyond_base(self, lr_steps: np.ndarray, lr_share: np.ndarray, final: int) -> float:
@@ -316,6 +316,16 @@ def areas_at(
 ) -> tuple[np.ndarray, np.ndarray]:
     """S1 and S2 at every step 0..upto of an LR given as a share of its peak."""
     return lr_areas(lr_steps, lr_share, int(upto))
+
+
+def drift_span(steps: np.ndarray, seen: int) -> np.ndarray:
+    """How far a run's level against its family's curve may have drifted from step ``seen``
+    by each of ``steps``, in units of the family's drift: the square root of the e-folds of
+    steps between (0 up to ``seen``), as a random walk in log steps. Levels wander and
+    settle (bumps mid-run, a last quarter that still moves), so a short span late in a run
+    drifts more than its share of a long one (``bench/README-forecast-family.md``)."""
+    start = max(int(seen), 1)
+    return np.sqrt(np.log(np.maximum(np.asarray(steps, dtype=float), start) / start))
 
 
 def final_value(m: Member) -> float:

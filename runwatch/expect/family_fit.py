@@ -26,6 +26,7 @@ from runwatch.expect.family import (
     Member,
     SizeLaw,
     areas_at,
+    drift_span,
     efolds_beyond,
     final_value,
     law_regime,
@@ -167,7 +168,7 @@ def _drift_errors(
     held_out: list[tuple[SizeLaw, Member, float]],
 ) -> list[float]:
     """How far a run ends from the family's curve once its level at ``DRIFT_AT`` of its
-    steps is measured, per e-fold of steps: each size from the second on, from the smaller
+    steps is measured, per ``drift_span`` to its end: each size from the second on, from the smaller
     sizes; each run of a size with several, from the others of its size, where its forward
     area stays inside their base curve (beyond it, ``FamilyFit.beyond_half`` holds it)."""
     cases: list[tuple[FamilyFit, Member]] = []
@@ -177,9 +178,11 @@ def _drift_errors(
     errors = []
     for fit, m in cases:
         prior = fit.expected(m.params, m.lr_steps, m.lr_share, m.last_step)
-        level = level_offset(prior, m.steps, m.values, int(DRIFT_AT * m.last_step), 0.0)
+        seen = int(DRIFT_AT * m.last_step)
+        level = level_offset(prior, m.steps, m.values, seen, 0.0)
         offset = 0.0 if level is None else level[0]
-        errors.append((prior[-1] * math.exp(offset) / final_value(m) - 1.0) / -math.log(DRIFT_AT))
+        span = float(drift_span(np.array([m.last_step]), seen)[0])
+        errors.append((prior[-1] * math.exp(offset) / final_value(m) - 1.0) / span)
     return errors
 
 

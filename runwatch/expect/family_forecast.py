@@ -6,7 +6,7 @@ planned LR (``runwatch.expect.family``). As points arrive, the run's level again
 curve (the median log ratio over its latest points) is measured and, at each step ahead,
 combined with the prior (no offset, the family's own size and transfer error) by
 precision. The level's variance there is its noise plus how far a run's level drifts from
-the family's curve over that many e-folds of steps (the family's own drift): near the
+the family's curve by then, as a random walk in log steps (the family's own drift): near the
 points seen the run's level rules, and towards the end the family's expectation weighs in
 by how well each has foretold ends on the family's own runs. The band is that combination's
 sd, widened for a base curve carried past the runs that measured it; the law's credit for
@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from runwatch.expect.family import Z90, FamilyFit, level_offset, t90
+from runwatch.expect.family import Z90, FamilyFit, drift_span, level_offset, t90
 from runwatch.expect.forecast import Forecast
 
 
@@ -74,9 +74,7 @@ def family_forecast(
         shift, sd = np.zeros(every.shape), np.full(every.shape, prior_sd)
     else:
         offset, obs_sd = level
-        start = max(seen, 1)
-        carry_sd = fit.drift_half() / Z90  # per e-fold of steps past the level
-        carry = carry_sd * np.log(np.maximum(every, start) / start)
+        carry = fit.drift_half() / Z90 * drift_span(every, seen)
         shift, sd = _combine(offset, np.sqrt(obs_sd**2 + carry**2), scale, dof)
     expected = prior * np.exp(shift)
     half = np.sqrt((Z90 * sd) ** 2 + far**2)

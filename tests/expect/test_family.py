@@ -349,3 +349,20 @@ def test_a_level_the_familys_error_explains_is_weighed_and_one_far_beyond_is_kep
         else:
             assert end_shift == pytest.approx(seen_shift, abs=0.01)
         assert hi_end / lo_end > hi_seen / lo_seen  # the band widens with the steps to come
+
+
+def test_a_level_read_late_keeps_room_for_the_drift_still_to_come():
+    # Levels wander and settle, so the last quarter of a run can move its level by more
+    # than its share of the e-folds of steps: the drift grows as a random walk in log
+    # steps, and a level read at 75% keeps about half the end's band of one read at 25%
+    # (the e-folds' share would be a fifth).
+    fit = fit_family([member(f"n{p:g}", p, COSINE, 2000, i) for i, p in enumerate((1e5, 3e5, 1e6))])
+    steps, share = planned_lr(COSINE, 2000)
+    s, loss, _ = law_curve(3e6, COSINE, 2000, seed=5)
+    end_half = {}
+    for upto in (500, 1500):
+        f = family_forecast(fit, 3e6, steps, share, 2000, steps=s[1:], values=loss[1:], upto=upto)
+        _, (lo_seen, lo_end), (hi_seen, hi_end) = f.curve(np.array([upto, 2000.0]))
+        assert hi_end / lo_end > hi_seen / lo_seen
+        end_half[upto] = np.log(hi_end / lo_end) / 2
+    assert 0.4 < end_half[1500] / end_half[500] < 0.7
