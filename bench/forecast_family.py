@@ -44,9 +44,10 @@ from runwatch.pipeline.analysis import forecast_run  # noqa: E402
 from runwatch.store import open_store  # noqa: E402
 
 REAL = ROOT.parent / "shared" / "data" / "real_families"
-FRACTIONS = (0.0, 0.25, 0.5, 0.75)
+FRACTIONS = (0.0, 0.1, 0.25, 0.5, 0.75)
 """Where the target is forecast: before it starts and with its points to 25% (the issue's
-figures), and to 50% and 75% (how the forecast and its band go on with more of the run)."""
+figures), and to 10%, 50% and 75% (the band at every fraction; how the forecast goes on
+with more of the run)."""
 LEVEL_AT = (0.1, 0.25, 0.5, 0.75)
 """Where the run's level against its forecast before the start is read, in hindsight."""
 CPU_SETS = {  # label: folder of real CPU runs, one task each
@@ -420,7 +421,7 @@ def main() -> None:
     issue_at = frame["at"].isin(["0%", "25%"])
     covered = frame["covered"].astype(bool)
     named = ~frame["kind"].str.endswith("inner")
-    for label, these in (("at 0% and 25%", issue_at), ("at 50% and 75%", ~issue_at)):
+    for label, these in (("at 0% and 25%", issue_at), ("at 10%, 50% and 75%", ~issue_at)):
         issue = f"{covered[named & these].sum()}/{(named & these).sum()}"
         every = f"{covered[these].sum()}/{these.sum()}"
         print(f"the family and transfer forecasts {label}: {issue} covered; with inner: {every}")
