@@ -37,24 +37,38 @@ def wait_for(what: str, check: Callable[[], Any]) -> Any:
     raise AssertionError(f"the watcher did not get {what} in {WAIT_S:.0f} s")
 
 
+def watcher_log(db: Path) -> Path:
+    return db.parent / "watcher.log"
+
+
+def spawn(cmd: list[str], db: Path) -> subprocess.Popen[str]:
+    """Start ``cmd`` (a ``runwatch.cli`` command) writing its output to ``watcher_log``: a
+    pipe nobody reads while it runs could fill and block it. ``-X faulthandler`` lets
+    ``stop`` have a hung watcher dump its threads' stacks there."""
+    with watcher_log(db).open("a") as log:
+        return subprocess.Popen(
+            [sys.executable, "-X", "faulthandler", "-m", "runwatch.cli", *cmd],
+            stdout=log,
+            stderr=log,
+            text=True,
+        )
+
+
 def start_watcher(root: Path, db: Path, *more: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "runwatch.cli",
-            "watch",
-            str(root),
-            "--db",
-            str(db),
-            "--poll",
-            "0.1",
-            *more,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return spawn(["watch", str(root), "--db", str(db), "--poll", "0.1", *more], db)
+
+
+def stop(watcher: subprocess.Popen[str], db: Path) -> None:
+    """SIGTERM the watcher: it must finish and exit 0 within ``WAIT_S``. One that does not
+    gets SIGABRT, which dumps its threads' stacks into its log, and the failure shows it."""
+    watcher.send_signal(signal.SIGTERM)
+    try:
+        code = watcher.wait(timeout=WAIT_S)
+    except subprocess.TimeoutExpired:
+        watcher.send_signal(signal.SIGABRT)
+        watcher.wait()
+        code = None
+    assert code == 0, f"the watcher's exit code: {code}; its log:\n{watcher_log(db).read_text()}"
 
 
 def live_steps(db: Path, run: str, metric: str = "loss") -> list[int]:
@@ -116,8 +130,7 @@ def test_watch_follows_runs_flags_a_nan_and_survives_kill_9(tmp_path: Path) -> N
         write(writer, range(31, 41))
         watcher = start_watcher(root, db)
         wait_for("steps 31..40 after the restart", lambda: live_steps(db, "a") == list(range(41)))
-        watcher.send_signal(signal.SIGTERM)
-        assert watcher.wait(timeout=WAIT_S) == 0, watcher.stderr.read() if watcher.stderr else ""
+        stop(watcher, db)
     finally:
         writer.close()
         if watcher.poll() is None:
@@ -165,9 +178,8 @@ def test_watch_log_follows_a_job_log_and_resumes_after_kill_9(tmp_path: Path) ->
     pytest.importorskip("runwatch.collectors.joblog")
     log, db = tmp_path / "train.log", tmp_path / "watch.db"
     log.write_text(nanogpt_lines(range(20)))
-    args = ["--log", str(log), "--preset", "nanogpt", "--db", str(db), "--poll", "0.1"]
-    cmd = [sys.executable, "-m", "runwatch.cli", "watch", *args]
-    watcher = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    cmd = ["watch", "--log", str(log), "--preset", "nanogpt", "--db", str(db), "--poll", "0.1"]
+    watcher = spawn(cmd, db)
     try:
         wait_for("the log's 20 steps", lambda: live_steps(db, "train") == list(range(20)))
         with log.open("a") as fh:
@@ -191,10 +203,9 @@ def test_watch_log_follows_a_job_log_and_resumes_after_kill_9(tmp_path: Path) ->
         watcher.wait()
         with log.open("a") as fh:
             fh.write(nanogpt_lines(range(21, 30)))
-        watcher = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        watcher = spawn(cmd, db)
         wait_for("steps 21..29", lambda: live_steps(db, "train") == list(range(30)))
-        watcher.send_signal(signal.SIGTERM)
-        assert watcher.wait(timeout=WAIT_S) == 0
+        stop(watcher, db)
     finally:
         if watcher.poll() is None:
             watcher.kill()
@@ -241,8 +252,7 @@ def test_watch_sends_the_nan_to_the_webhook(tmp_path: Path) -> None:
             return any(a.get("run") == "a" and a.get("metric") == "loss" for a in alerts)
 
         wait_for("an alert on run a's NaN loss", alerted)
-        watcher.send_signal(signal.SIGTERM)
-        assert watcher.wait(timeout=WAIT_S) == 0
+        stop(watcher, db)
     finally:
         writer.close()
         server.shutdown()
