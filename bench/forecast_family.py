@@ -37,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from forecast_bands import CPU_SETS  # noqa: E402  (label: folder of real CPU runs)
+
 from runwatch.collectors.importer import import_long_format  # noqa: E402
 from runwatch.expect.family import level_offset  # noqa: E402
 from runwatch.expect.forecast import Forecast  # noqa: E402
@@ -50,13 +52,6 @@ figures), and to 10%, 50% and 75% (the band at every fraction; how the forecast 
 with more of the run)."""
 LEVEL_AT = (0.1, 0.25, 0.5, 0.75)
 """Where the run's level against its forecast before the start is read, in hindsight."""
-CPU_SETS = {  # label: folder of real CPU runs, one task each
-    "cpu": ROOT / "bench" / "data" / "cpu_families",
-    "code": ROOT / "bench" / "data" / "cpu_code_families",
-    "man": ROOT / "bench" / "data" / "cpu_man_families",
-    "perl": ROOT / "bench" / "data" / "cpu_perl_families",
-    "c": ROOT / "bench" / "data" / "cpu_c_families",
-}
 REAL_SCHEDULES = (
     "cosine_24000",
     "constant_24000",
@@ -134,9 +129,7 @@ class Bench:
             "band": (f.upper - f.lower) / 2 / truth * 100,
         }
         if frac == 0:
-            for at in LEVEL_AT:
-                row[f"level{at:.0%}"] = 100 * self.level_at(run, metric, f, at)
-            row["level_end"] = -100 * math.log1p(row["family"] / 100)
+            row |= self.levels(run, metric, f)
         for name, fn in anchors.items():
             try:
                 row[name] = _err(fn(upto), truth)
@@ -145,16 +138,20 @@ class Bench:
                 row[name] = math.nan
         return row
 
-    def level_at(self, run: str, metric: str, before: Forecast, frac: float) -> float:
-        """The run's log offset from its forecast made before it started, measured on its
-        points up to ``frac`` of its steps as the family forecast measures it."""
+    def levels(self, run: str, metric: str, before: Forecast) -> dict[str, float]:
+        """The run's log offset (%) from its forecast made before it started, measured on
+        its points up to each of ``LEVEL_AT`` of its steps as the family forecast measures
+        it: ``level10%``, ``level25%``, ..."""
         final = before.final_step
         g = self.frames[run]
         g = g[g["metric"] == metric]
         prior = before.curve(np.arange(final + 1))[0]
         steps, values = g["step"].to_numpy(float), g["value"].to_numpy(float)
-        level = level_offset(prior, steps, values, int(frac * final), 0.0)
-        return math.nan if level is None else level[0]
+        out = {}
+        for at in LEVEL_AT:
+            level = level_offset(prior, steps, values, int(at * final), 0.0)
+            out[f"level{at:.0%}"] = math.nan if level is None else 100 * level[0]
+        return out
 
     def alone(self, run, metric):
         def fn(upto):
@@ -386,9 +383,10 @@ def level_gaps(rows: pd.DataFrame) -> pd.DataFrame:
     before = rows[(rows["at"] == "0%") & ~rows["kind"].str.endswith("transfer")]
     out = []
     for kind, g in before.groupby("kind", sort=False):
-        rec = {"kind": kind, "n": len(g), "|end|": round(float(g["level_end"].abs().median()), 2)}
+        end = -100 * np.log1p(g["family"] / 100)  # the log offset the run ends at
+        rec = {"kind": kind, "n": len(g), "|end|": round(float(end.abs().median()), 2)}
         for at in LEVEL_AT:
-            gap = (g[f"level{at:.0%}"] - g["level_end"]).abs().dropna()
+            gap = (g[f"level{at:.0%}"] - end).abs().dropna()
             rec[f"gap at {at:.0%}"] = round(float(gap.median()), 2) if len(gap) else None
         out.append(rec)
     return pd.DataFrame(out)
